@@ -1,0 +1,55 @@
+"""Command line: ``repro fit|validate|test|predict --config paper_configs/<x>.yaml`` (LightningCLI).
+
+The model's ``vocab_size`` is linked from the datamodule's trained tokenizer and its
+``block_size`` from the data's block size, so a config names each only once. When
+``trainer.precision`` is not set, it is ``bf16-mixed`` on a GPU and ``32-true`` on a CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+from lightning.pytorch.cli import LightningCLI
+
+from repro.data import TextDataModule
+from repro.lit import GPTLightningModule
+
+
+def default_precision(accelerator: object) -> str:
+    """bf16-mixed where a CUDA GPU will be used, else full fp32."""
+    name = accelerator if isinstance(accelerator, str) else type(accelerator).__name__.lower()
+    uses_gpu = name in ("gpu", "cuda") or "cuda" in name or (name == "auto" and torch.cuda.is_available())
+    if uses_gpu:
+        return "bf16-mixed" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "16-mixed"
+    return "32-true"
+
+
+class ReproCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.link_arguments("data.block_size", "model.gpt.block_size")
+        parser.link_arguments("data.vocab_size", "model.gpt.vocab_size", apply_on="instantiate")
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        trainer = config.get("trainer")
+        if trainer is not None and trainer.get("precision") is None:
+            trainer["precision"] = default_precision(trainer.get("accelerator", "auto"))
+
+
+def lightning_cli(args: list[str] | None = None, run: bool = True) -> ReproCLI:
+    return ReproCLI(
+        GPTLightningModule,
+        TextDataModule,
+        args=args,
+        run=run,
+        save_config_kwargs={"overwrite": True},
+        parser_kwargs={"description": "Train and evaluate the suite's GPT models with Lightning."},
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``repro`` console script (argv defaults to the command line)."""
+    lightning_cli(argv)
+
+
+if __name__ == "__main__":
+    main()

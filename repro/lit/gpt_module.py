@@ -1,0 +1,120 @@
+"""LightningModule around the plain-torch GPT: next-token loss, validation loss and perplexity,
+AdamW with linear warmup and cosine decay, TensorBoard logging."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import lightning as L
+import torch
+from torchmetrics import MeanMetric
+from torchmetrics.text import Perplexity
+
+from repro.models import GPT, GPTConfig
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 3e-3  # peak learning rate of AdamW
+    weight_decay: float = 0.1  # decoupled weight decay on matrices (not on norms, biases)
+    beta1: float = 0.9  # AdamW beta1
+    beta2: float = 0.95  # AdamW beta2
+    eps: float = 1e-8  # AdamW epsilon
+    warmup_steps: int = 100  # linear warmup from 0 to lr over this many optimizer steps
+    schedule: Literal["cosine", "constant"] = "cosine"  # after warmup: cosine decay, or constant lr
+    decay_steps: int | None = None  # steps of warmup + decay; None = the trainer's estimated total steps
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ValueError(f"optim.lr={self.lr!r}: must be > 0")
+        if self.weight_decay < 0:
+            raise ValueError(f"optim.weight_decay={self.weight_decay!r}: must be >= 0")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"optim.{name}={getattr(self, name)!r}: must be in [0, 1)")
+        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise ValueError(f"optim.warmup_steps={self.warmup_steps!r}: must be an integer >= 0")
+        if self.schedule not in ("cosine", "constant"):
+            raise ValueError(f"optim.schedule={self.schedule!r}: allowed values are ('cosine', 'constant')")
+        if self.decay_steps is not None and (not isinstance(self.decay_steps, int) or self.decay_steps <= 0):
+            raise ValueError(f"optim.decay_steps={self.decay_steps!r}: must be a positive integer or null")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"optim.min_lr_ratio={self.min_lr_ratio!r}: must be in [0, 1]")
+
+
+def lr_multiplier(step: int, warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float) -> float:
+    """Learning-rate factor at an optimizer step: linear warmup, then cosine (or constant)."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    span = max(1, total_steps - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / span)
+    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class GPTLightningModule(L.LightningModule):
+    """A GPT with per-layer RoPE widths, trained on next-token prediction.
+
+    Args:
+        gpt: Architecture of the model (per-layer RoPE widths, MHA or MLA, sizes).
+        optim: Optimizer and learning-rate schedule.
+    """
+
+    def __init__(self, gpt: GPTConfig, optim: OptimConfig | None = None) -> None:
+        super().__init__()
+        # load_from_checkpoint passes the saved hyperparameters back as plain dicts
+        gpt = GPTConfig(**gpt) if isinstance(gpt, dict) else gpt
+        optim = OptimConfig(**optim) if isinstance(optim, dict) else optim
+        self.gpt_config = gpt
+        self.optim_config = optim or OptimConfig()
+        self.save_hyperparameters({"gpt": asdict(gpt), "optim": asdict(self.optim_config)})
+        self.model = GPT(gpt)
+        self.val_loss = MeanMetric()
+        self.val_ppl = Perplexity(ignore_index=-100)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.model(idx)
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        _, loss = self.model(batch["input_ids"], batch["targets"])
+        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        return loss
+
+    def _evaluate(self, batch: dict[str, torch.Tensor], prefix: str) -> torch.Tensor:
+        logits, loss = self.model(batch["input_ids"], batch["targets"])
+        self.val_loss.update(loss, weight=batch["targets"].numel())
+        self.val_ppl.update(logits.float(), batch["targets"])
+        self.log(f"{prefix}/loss", self.val_loss, on_step=False, on_epoch=True, prog_bar=True)
+        self.log(f"{prefix}/ppl", self.val_ppl, on_step=False, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return self._evaluate(batch, "val")
+
+    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return self._evaluate(batch, "test")
+
+    def configure_optimizers(self):
+        cfg = self.optim_config
+        decay, no_decay = [], []
+        for p in self.model.parameters():
+            if p.requires_grad:
+                (decay if p.dim() >= 2 else no_decay).append(p)
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=cfg.lr,
+            betas=(cfg.beta1, cfg.beta2),
+            eps=cfg.eps,
+        )
+        total = cfg.decay_steps
+        if total is None:
+            total = int(self.trainer.estimated_stepping_batches) if self._trainer is not None else 1
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer,
+            lambda step: lr_multiplier(step, cfg.warmup_steps, total, cfg.schedule, cfg.min_lr_ratio),
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
