@@ -33,3 +33,25 @@ class TokenThroughput(L.Callback):
             rate = self._tokens / max(now - self._start, 1e-9)
             pl_module.log("train/tokens_per_sec", rate, on_step=True, on_epoch=False)
             self._start, self._tokens, self._batches = now, 0, 0
+
+
+class FinalCheckpoint(L.Callback):
+    """Saves ``<log_dir>/checkpoints/<filename>`` when training ends, whatever step it stopped at
+    (Lightning's ModelCheckpoint saves on its own schedule and can miss the last steps).
+
+    Args:
+        filename: File name of the checkpoint written at the end of ``fit``.
+    """
+
+    def __init__(self, filename: str = "final.ckpt") -> None:
+        if not filename or "/" in filename:
+            raise ValueError(f"FinalCheckpoint.filename={filename!r}: must be a plain file name")
+        self.filename = filename
+        self.path: str | None = None
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        import os
+
+        root = trainer.log_dir or trainer.default_root_dir
+        self.path = os.path.join(root, "checkpoints", self.filename)
+        trainer.save_checkpoint(self.path)

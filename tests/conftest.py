@@ -1,0 +1,34 @@
+"""Shared fixtures: one on-disk cache for tokenizers and token streams per test session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = REPO_ROOT / "paper_configs"
+
+
+@pytest.fixture(autouse=True)
+def _few_threads():
+    # The machine has 2 cores; keep each test on them without oversubscription.
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    yield
+
+
+@pytest.fixture(scope="session")
+def data_cache(tmp_path_factory) -> Path:
+    """Cache directory shared by every test that builds the Shakespeare datamodule."""
+    return tmp_path_factory.mktemp("repro-cache")
+
+
+@pytest.fixture(scope="session")
+def smoke_datamodule(data_cache):
+    from repro.data import TextDataModule
+
+    dm = TextDataModule(vocab_size=512, block_size=64, batch_size=8, max_val_blocks=16, cache_dir=str(data_cache))
+    dm.setup()
+    return dm
