@@ -12,6 +12,7 @@ from lightning.pytorch.cli import LightningCLI
 
 from repro.data import TextDataModule
 from repro.lit import GPTLightningModule
+from repro.models import GPTConfig
 
 
 def default_precision(accelerator: object) -> str:
@@ -30,9 +31,24 @@ class ReproCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        self._check_model_config(config)
         trainer = config.get("trainer")
         if trainer is not None and trainer.get("precision") is None:
             trainer["precision"] = default_precision(trainer.get("accelerator", "auto"))
+
+
+    def _check_model_config(self, config) -> None:
+        """Validate the architecture before any class is built (vocab_size is linked later)."""
+        gpt = config.get("model", {}).get("gpt")
+        if gpt is None:
+            return
+        fields = gpt.as_dict() if hasattr(gpt, "as_dict") else dict(gpt)
+        fields["vocab_size"] = fields.get("vocab_size") or 1
+        try:
+            GPTConfig(**fields)
+        except (TypeError, ValueError) as exc:
+            parser = self._parser(self.subcommand) if self.subcommand else self.parser
+            parser.error(f"invalid model.gpt: {exc}")
 
 
 def lightning_cli(args: list[str] | None = None, run: bool = True) -> ReproCLI:

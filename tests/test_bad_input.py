@@ -1,0 +1,104 @@
+"""Bad input fails early with a message naming the field, the value and what is allowed."""
+
+from __future__ import annotations
+
+import pytest
+
+from repro.data import TextDataModule
+from repro.lit import OptimConfig
+from repro.models import GPTConfig
+
+MHA = dict(n_layer=4, n_embd=64, n_head=4)  # head_dim 16
+MLA = dict(n_layer=2, n_embd=64, n_head=4, attention="mla", qk_nope_head_dim=16)
+
+BAD_MODEL_CONFIGS = [
+    ("odd width", dict(MHA, rope_dims=[16, 3, 16, 4]), r"rope_dims\[1\]=3: must be an even integer in 0..16"),
+    ("negative width", dict(MHA, rope_dims=[16, -2, 16, 4]), r"rope_dims\[1\]=-2: must be an even integer"),
+    ("width above head", dict(MHA, rope_dims=[16, 18, 16, 4]), r"rope_dims\[1\]=18: larger than the head's width 16"),
+    ("list length", dict(MHA, rope_dims=[16, 16]), r"rope_dims has 2 entries but n_layer=4"),
+    ("heads do not divide", dict(MHA, n_head=5), r"n_head=5: must divide n_embd=64"),
+    ("unknown convention", dict(MHA, rope_convention="yarn"), r"rope_convention='yarn': allowed values are \('neox', 'prope'\)"),
+    ("unknown attention", dict(MHA, attention="linear"), r"attention='linear': allowed values"),
+    ("kv heads", dict(MHA, n_kv_head=3), r"n_kv_head=3: must be a positive integer dividing n_head=4"),
+    ("width is not int", dict(MHA, rope_dims=[16, 8.0, 16, 4]), r"rope_dims\[1\]=8.0: must be an even integer"),
+    ("mla odd width", dict(MLA, qk_rope_head_dim=[8, 5]), r"qk_rope_head_dim\[1\]=5: must be an even integer"),
+    ("mla list length", dict(MLA, qk_rope_head_dim=[8]), r"qk_rope_head_dim has 1 entries but n_layer=2"),
+    ("mla with rope_dims", dict(MLA, rope_dims=[8, 8]), r"rope_dims is set but attention='mla'"),
+    ("mha with qk_rope", dict(MHA, qk_rope_head_dim=[8] * 4), r"qk_rope_head_dim is set but attention='mha'"),
+    ("mla prope too wide", dict(MLA, rope_convention="prope", qk_rope_head_dim=[8, 32]), r"qk_rope_head_dim\[1\]=32: larger than"),
+    ("zero layers", dict(MHA, n_layer=0), r"n_layer=0: must be a positive integer"),
+    ("mla zero latent", dict(MLA, kv_lora_rank=0), r"kv_lora_rank=0: must be a positive integer"),
+    ("unknown mlp", dict(MHA, mlp="relu"), r"mlp='relu': allowed values"),
+]
+
+
+@pytest.mark.parametrize("case,kwargs,message", BAD_MODEL_CONFIGS, ids=[c[0] for c in BAD_MODEL_CONFIGS])
+def test_bad_model_config_is_rejected(case, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        GPTConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(lr=0.0), r"optim.lr=0.0: must be > 0"),
+        (dict(beta2=1.0), r"optim.beta2=1.0: must be in \[0, 1\)"),
+        (dict(schedule="linear"), r"optim.schedule='linear': allowed values"),
+        (dict(warmup_steps=-1), r"optim.warmup_steps=-1"),
+    ],
+)
+def test_bad_optim_config_is_rejected(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        OptimConfig(**kwargs)
+
+
+def test_missing_text_file_is_named(tmp_path):
+    dm = TextDataModule(corpus="text_files", text_files=[str(tmp_path / "nope.txt")], cache_dir=str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=r"data.text_files: '.*nope.txt' matches no file"):
+        dm.setup()
+
+
+def test_empty_text_file_list_is_rejected(tmp_path):
+    with pytest.raises(ValueError, match=r"data.text_files is empty"):
+        TextDataModule(corpus="text_files", text_files=[], cache_dir=str(tmp_path))
+
+
+def test_missing_hf_dataset_dir_is_named(tmp_path):
+    dm = TextDataModule(corpus="hf_dataset", hf_dataset_dir=str(tmp_path / "absent"), cache_dir=str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=r"data.hf_dataset_dir='.*absent': no such directory"):
+        dm.setup()
+
+
+def test_non_utf8_text_is_named(tmp_path):
+    good = tmp_path / "good.txt"
+    good.write_text("hello world " * 50)
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"caf\xe9 " * 50)
+    dm = TextDataModule(corpus="text_files", text_files=[str(good), str(bad)], tokenizer="char", cache_dir=str(tmp_path))
+    with pytest.raises(ValueError, match=r"bad.txt' is not valid UTF-8"):
+        dm.setup()
+
+
+def test_block_size_larger_than_corpus_is_rejected(tmp_path):
+    for i in range(3):
+        (tmp_path / f"doc{i}.txt").write_text(f"document {i} " * 20)
+    dm = TextDataModule(
+        corpus="text_files", text_files=[str(tmp_path / "*.txt")], tokenizer="char",
+        val_fraction=0.34, block_size=1000, cache_dir=str(tmp_path / "cache"),
+    )
+    with pytest.raises(ValueError, match=r"data.block_size=1000: the train split has only \d+ tokens, so block_size must be at most \d+"):
+        dm.setup()
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(corpus="wikipedia"), r"data.corpus='wikipedia': allowed values"),
+        (dict(tokenizer="sentencepiece"), r"data.tokenizer='sentencepiece': allowed values"),
+        (dict(block_size=0), r"data.block_size=0: must be a positive integer"),
+        (dict(batch_size=-4), r"data.batch_size=-4: must be a positive integer"),
+    ],
+)
+def test_bad_data_options_are_rejected(kwargs, message, tmp_path):
+    with pytest.raises(ValueError, match=message):
+        TextDataModule(cache_dir=str(tmp_path), **kwargs)

@@ -1,0 +1,88 @@
+"""The `repro` command: fit from a shipped config writes TensorBoard logs and a checkpoint that
+`repro validate` reloads; bad configs fail before anything is built."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from conftest import CONFIGS
+from repro.lit.tensorboard_scalars import read_scalars
+
+
+def repro_command() -> list[str]:
+    script = Path(sys.executable).parent / "repro"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "repro.cli"]
+
+
+def run_repro(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(repro_command() + args, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["smoke.yaml", "smoke_mla.yaml"])
+def test_fit_then_validate_from_a_config(config, tmp_path, data_cache):
+    common = [
+        "--config", str(CONFIGS / config),
+        f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}",
+        f"--data.cache_dir={data_cache}",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.log_every_n_steps=5",
+    ]
+    fit = run_repro(["fit", *common, "--trainer.max_steps=20", "--trainer.val_check_interval=10"], tmp_path)
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    name = yaml.safe_load((CONFIGS / config).read_text())["trainer"]["logger"]["init_args"]["name"]
+    run_dir = tmp_path / "logs" / name / "version_0"
+    scalars = read_scalars(run_dir)
+    assert [step for step, _ in scalars["train/loss"]] == [4, 9, 14, 19]
+    assert [step for step, _ in scalars["val/loss"]] == [9, 19]  # logged at global steps 10 and 20 (0-based)
+    val_loss_at_end = scalars["val/loss"][-1][1]
+    ckpt = torch.load(run_dir / "checkpoints" / "final.ckpt", weights_only=False, map_location="cpu")
+    assert ckpt["global_step"] == 20
+
+    validate = run_repro(["validate", *common, f"--ckpt_path={run_dir / 'checkpoints' / 'final.ckpt'}"], tmp_path)
+    assert validate.returncode == 0, validate.stderr[-3000:]
+    reval = read_scalars(tmp_path / "logs" / name / "version_1")["val/loss"][0][1]
+    assert reval == pytest.approx(val_loss_at_end, rel=1e-5)  # the checkpoint is the trained model
+
+
+def test_print_config_shows_per_layer_rope_widths(tmp_path):
+    out = run_repro(["fit", "--config", str(CONFIGS / "smoke.yaml"), "--print_config"], tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    printed = yaml.safe_load(out.stdout)
+    assert printed["model"]["gpt"]["rope_dims"] == [16, 4, 16, 4]
+    assert printed["data"]["block_size"] == 64
+    assert printed["trainer"]["precision"] is None  # chosen at run time: 32-true on CPU, bf16-mixed on GPU
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("--model.gpt.rope_dims=[3,4,16,4]", "rope_dims[0]=3: must be an even integer in 0..16"),
+        ("--model.gpt.rope_dims=[16,16]", "rope_dims has 2 entries but n_layer=4"),
+        ("--model.gpt.n_head=3", "n_head=3: must divide n_embd=64"),
+        ("--model.gpt.rope_convention=yarn", "yarn"),
+    ],
+)
+def test_bad_model_config_fails_before_anything_is_built(override, message, tmp_path):
+    out = run_repro(
+        ["fit", "--config", str(CONFIGS / "smoke.yaml"), override,
+         f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}", f"--data.cache_dir={tmp_path / 'cache'}"],
+        tmp_path,
+    )
+    assert out.returncode != 0
+    assert message in out.stderr
+    assert not (tmp_path / "logs").exists() and not (tmp_path / "cache").exists()
+
+
+def test_default_precision_follows_the_accelerator():
+    from repro.cli import default_precision
+
+    assert default_precision("cpu") == "32-true"
+    if not torch.cuda.is_available():
+        assert default_precision("auto") == "32-true"
