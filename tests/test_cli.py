@@ -55,7 +55,7 @@ def test_print_config_shows_per_layer_rope_widths(tmp_path):
     out = run_repro(["fit", "--config", str(CONFIGS / "smoke.yaml"), "--print_config"], tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     printed = yaml.safe_load(out.stdout)
-    assert printed["model"]["gpt"]["rope_dims"] == [16, 4, 16, 4]
+    assert printed["model"]["gpt"]["rope_dims"] == [16, 4, 4]
     assert printed["data"]["block_size"] == 64
     assert printed["trainer"]["precision"] is None  # chosen at run time: 32-true on CPU, bf16-mixed on GPU
 
@@ -63,8 +63,8 @@ def test_print_config_shows_per_layer_rope_widths(tmp_path):
 @pytest.mark.parametrize(
     "override,message",
     [
-        ("--model.gpt.rope_dims=[3,4,16,4]", "rope_dims[0]=3: must be an even integer in 0..16"),
-        ("--model.gpt.rope_dims=[16,16]", "rope_dims has 2 entries but n_layer=4"),
+        ("--model.gpt.rope_dims=[3,4,4]", "rope_dims[0]=3: must be an even integer in 0..16"),
+        ("--model.gpt.rope_dims=[16,16]", "rope_dims has 2 entries but n_layer=3"),
         ("--model.gpt.n_head=3", "n_head=3: must divide n_embd=64"),
         ("--model.gpt.rope_convention=yarn", "yarn"),
     ],
