@@ -1,4 +1,5 @@
-"""Command line: ``repro fit|validate|test|predict --config paper_configs/<x>.yaml`` (LightningCLI).
+"""Command line: ``repro fit|validate|test|predict --config paper_configs/<x>.yaml`` (LightningCLI),
+and ``repro profile|allocate|transfer|account|analyze`` (RoPE allocation, ``repro.alloc.cli``).
 
 The model's ``vocab_size`` is linked from the datamodule's trained tokenizer and its
 ``block_size`` from the data's block size, so a config names each only once. When
@@ -63,7 +64,21 @@ def lightning_cli(args: list[str] | None = None, run: bool = True) -> ReproCLI:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of the ``repro`` console script (argv defaults to the command line)."""
+    """Entry point of the ``repro`` console script (argv defaults to the command line).
+
+    ``fit|validate|test|predict`` go to LightningCLI; ``profile|allocate|transfer|account|analyze``
+    to the RoPE allocation commands.
+    """
+    import sys
+
+    from repro.alloc.cli import COMMANDS, main as alloc_main
+
+    args = sys.argv[1:] if argv is None else argv
+    if args and args[0] in COMMANDS:
+        raise SystemExit(alloc_main(args))
+    if args and args[0] in ("-h", "--help"):
+        print(f"repro: fit|validate|test|predict (LightningCLI) or {'|'.join(COMMANDS)}; "
+              "`repro <command> --help` explains each.")
     lightning_cli(argv)
 
 

@@ -1,0 +1,180 @@
+"""Short training runs of one config with other RoPE widths: the unit the profilers are made of.
+
+A run trains the config's GPT through the LightningModule and a Lightning Trainer with given
+per-layer widths, seed and steps, evaluates every ``eval_every`` steps, and writes a result JSON
+atomically (``<runs_dir>/<name>.json``). A run whose result file exists with the same
+fingerprint is not trained again, so an interrupted profile resumes where it stopped.
+Same seed = same init seed and same data order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from repro.atomic_io import write_json_atomic
+from repro.run_config import RunConfig
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    name: str  # file stem of the result (unique within a runs directory)
+    widths: tuple[int, ...]  # per-layer rotary widths
+    seed: int  # init seed and data-order seed
+    steps: int  # optimizer steps to train
+    eval_every: int  # evaluate the validation loss every this many steps
+    schedule_steps: int | None = None  # decay_steps of the lr schedule (None = the config's own)
+    save_checkpoint: bool = False  # also write <name>.ckpt (used for the phase-off reference)
+
+
+def run_name(high_layers: list[int] | tuple[int, ...] | None, seed: int, prefix: str = "high") -> str:
+    layers = "none" if not high_layers else "_".join(str(i) for i in sorted(high_layers))
+    return f"{prefix}-{layers}-s{seed}"
+
+
+class ValLossRecorder(L.Callback):
+    """Collects (global step, val/loss) after every validation."""
+
+    def __init__(self) -> None:
+        self.curve: list[tuple[int, float]] = []
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking:
+            return
+        value = trainer.callback_metrics.get("val/loss")
+        if value is not None:
+            self.curve.append((int(trainer.global_step), float(value)))
+
+
+def fingerprint(run_config: RunConfig, spec: RunSpec) -> str:
+    payload = {
+        "gpt": run_config.gpt,
+        "optim": run_config.optim,
+        "data": {k: v for k, v in run_config.data.items() if k not in ("cache_dir", "num_workers")},
+        "trainer": {k: run_config.trainer.get(k) for k in ("gradient_clip_val", "limit_val_batches", "precision")},
+        "widths": list(spec.widths),
+        "seed": spec.seed,
+        "steps": spec.steps,
+        "eval_every": spec.eval_every,
+        "schedule_steps": spec.schedule_steps,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def load_finished(path: Path, expected_fingerprint: str) -> dict[str, Any] | None:
+    """The result of a finished run, or None when it is missing or from another setting."""
+    if not path.is_file():
+        return None
+    try:
+        result = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+    return result if result.get("fingerprint") == expected_fingerprint else None
+
+
+def train_run(run_config: RunConfig, spec: RunSpec, runs_dir: Path, datamodule, accelerator: str = "cpu") -> dict[str, Any]:
+    """Train one variant (or reuse its finished result) and return the result record."""
+    from repro.lit import GPTLightningModule, OptimConfig
+
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    result_path = runs_dir / f"{spec.name}.json"
+    fp = fingerprint(run_config, spec)
+    finished = load_finished(result_path, fp)
+    if finished is not None and (not spec.save_checkpoint or (runs_dir / f"{spec.name}.ckpt").is_file()):
+        finished["reused"] = True
+        return finished
+
+    start = time.perf_counter()
+    datamodule.shuffle_seed = spec.seed
+    L.seed_everything(spec.seed, workers=True, verbose=False)
+    list_field = "rope_dims" if run_config.shape_config().attention == "mha" else "qk_rope_head_dim"
+    gpt = run_config.gpt_config(datamodule.vocab_size, **{list_field: list(spec.widths)})
+    optim_fields = dict(run_config.optim)
+    if spec.schedule_steps is not None:
+        optim_fields["decay_steps"] = spec.schedule_steps
+    module = GPTLightningModule(gpt, OptimConfig(**optim_fields))
+    recorder = ValLossRecorder()
+    tb_dir = runs_dir / "tb" / spec.name
+    if tb_dir.exists():  # left by an interrupted attempt
+        shutil.rmtree(tb_dir)
+    trainer = L.Trainer(
+        accelerator=accelerator,
+        devices=1,
+        precision=run_config.trainer.get("precision") or ("bf16-mixed" if accelerator in ("gpu", "cuda") else "32-true"),
+        max_steps=spec.steps,
+        val_check_interval=spec.eval_every,
+        check_val_every_n_epoch=None,
+        limit_val_batches=run_config.trainer.get("limit_val_batches", 1.0),
+        num_sanity_val_steps=0,
+        gradient_clip_val=run_config.trainer.get("gradient_clip_val"),
+        logger=TensorBoardLogger(save_dir=str(runs_dir / "tb"), name=spec.name, version=0, default_hp_metric=False),
+        callbacks=[recorder],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        log_every_n_steps=max(1, min(10, spec.eval_every)),
+    )
+    trainer.fit(module, datamodule=datamodule)
+    if spec.save_checkpoint:
+        trainer.save_checkpoint(runs_dir / f"{spec.name}.ckpt")
+    result = {
+        "name": spec.name,
+        "fingerprint": fp,
+        "widths": list(spec.widths),
+        "seed": spec.seed,
+        "steps": spec.steps,
+        "eval_every": spec.eval_every,
+        "schedule_steps": spec.schedule_steps,
+        "global_step": int(trainer.global_step),
+        "val_curve": recorder.curve,
+        "tokens_trained": int(trainer.global_step) * datamodule.batch_size * datamodule.block_size,
+        "wall_s": time.perf_counter() - start,
+        "checkpoint": str(runs_dir / f"{spec.name}.ckpt") if spec.save_checkpoint else None,
+        "config": run_config.path,
+    }
+    write_json_atomic(result_path, result)
+    result["reused"] = False
+    return result
+
+
+def mean_last(curve: list[tuple[int, float]] | list[list[float]], n: int, name: str = "run") -> float:
+    """Mean of the last n evaluations of a validation curve."""
+    if len(curve) < n:
+        raise ValueError(f"{name}: {len(curve)} evaluations, fewer than the {n} to average; train longer or lower n")
+    return sum(loss for _, loss in curve[-n:]) / n
+
+
+class Progress:
+    """'run i of N' lines with elapsed time and an estimate of what is left (stderr)."""
+
+    def __init__(self, total: int, label: str) -> None:
+        self.total, self.label = total, label
+        self.done = 0
+        self.trained_s = 0.0
+        self.trained = 0
+        self.start = time.perf_counter()
+
+    def update(self, name: str, result: dict[str, Any]) -> None:
+        self.done += 1
+        if not result.get("reused"):
+            self.trained += 1
+            self.trained_s += float(result.get("wall_s", 0.0))
+        per_run = self.trained_s / self.trained if self.trained else 0.0
+        left = per_run * (self.total - self.done)
+        status = "reused" if result.get("reused") else f"trained in {result.get('wall_s', 0):.1f}s"
+        elapsed = time.perf_counter() - self.start
+        print(
+            f"[{self.label}] run {self.done} of {self.total}: {name} {status}; "
+            f"elapsed {elapsed:.0f}s, about {left:.0f}s left",
+            file=sys.stderr,
+            flush=True,
+        )
