@@ -130,7 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
+    import logging
+
     args = build_parser().parse_args(argv)
+    # one progress line per run instead of Lightning's banners (warnings still show)
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     try:
         handler = {
             "profile": _profile, "allocate": _allocate, "transfer": _transfer, "account": _account, "analyze": _analyze,
