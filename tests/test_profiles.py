@@ -80,13 +80,17 @@ def test_coverage_profile_end_to_end_and_resumable(smoke_run_config, data_cache,
     assert again.values == profile.values
 
 
-def test_grouped_profile_runs_fewer_runs(smoke_run_config, data_cache, tmp_path):
-    cfg = smoke_run_config
+@pytest.mark.parametrize("config", ["smoke.yaml", "smoke_mla.yaml"])
+def test_grouped_profile_runs_fewer_runs(config, data_cache, tmp_path):
+    cfg = load_run_config(CONFIGS / config)
     settings = CoverageProfileSettings(steps=4, seeds=(0,), eval_every=2, last_n=1, group_size=2)
     profile = coverage_benefit_profile(cfg, default_levels(cfg.shape_config()), settings, tmp_path,
                                        datamodule=cfg.datamodule(cache_dir=str(data_cache)))
     assert profile.meta["runs"] == 3  # base + ceil(3 / 2) groups
     assert profile.values[0] == profile.values[1]  # the group's benefit spread evenly over its layers
+    widths = {f.stem: json.loads(f.read_text())["widths"] for f in tmp_path.glob("*.json")}
+    assert widths == {"high-none-s0": [4, 4, 4], "high-0_1-s0": [16, 16, 4], "high-2-s0": [4, 4, 16]}
+    assert profile.model["attention"] == cfg.shape_config().attention
 
 
 def test_checkpoint_that_does_not_match_the_config_is_rejected(tmp_path):

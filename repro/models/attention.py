@@ -22,16 +22,31 @@ from .config import GPTConfig
 from .rope import apply_rope, apply_rope_with_phase_off, rope_table
 
 
-class PhaseOffMixin:
-    """Per-layer phase-off state: off for every head, for some query heads, or not at all."""
+class RotaryAttention(nn.Module):
+    """What both attention kinds share: the layer's rotary settings, its cached cos/sin, and the
+    phase-off state (off for every head, for some query heads, or not at all)."""
 
-    n_head: int
-    _phase_off: bool
-    _phase_off_heads: torch.Tensor | None
+    def __init__(self, config: GPTConfig, layer_idx: int, rope_reference_dim: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_head = config.n_head
+        self.rope_width = config.layer_rope_widths()[layer_idx]
+        self.rope_convention = config.rope_convention
+        self.rope_reference_dim = rope_reference_dim  # p-RoPE takes its frequencies over this width
+        self.rope_base = config.rope_base
+        self.block_size = config.block_size
+        self.dropout = config.dropout
+        self._init_phase_off()
+
+    def _rope(self, T: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        table = rope_table(
+            self.rope_width, self.block_size, self.rope_convention, self.rope_reference_dim, self.rope_base, device
+        )
+        return table.cos[:T], table.sin[:T]
 
     def _init_phase_off(self) -> None:
         self._phase_off = False
-        self._phase_off_heads = None  # None with _phase_off=True: all heads
+        self._phase_off_heads: torch.Tensor | None = None  # None with _phase_off=True: all heads
 
     def set_phase_off(self, heads: Iterable[int] | None = None) -> None:
         """Force the rotation angle to 0 in this layer (all heads, or the given query heads)."""
@@ -82,35 +97,21 @@ def _causal_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tens
     return scores.masked_fill(mask, float("-inf"))
 
 
-class FixedWidthAttention(PhaseOffMixin, nn.Module):
+class FixedWidthAttention(RotaryAttention):
     def __init__(self, config: GPTConfig, layer_idx: int) -> None:
-        super().__init__()
-        self.layer_idx = layer_idx
-        self.n_head = config.n_head
+        super().__init__(config, layer_idx, rope_reference_dim=config.head_dim)
         self.n_kv_head = config.kv_heads
         self.head_dim = config.head_dim
-        self.rope_width = config.layer_rope_widths()[layer_idx]
-        self.rope_convention = config.rope_convention
-        self.rope_base = config.rope_base
-        self.block_size = config.block_size
-        self.dropout = config.dropout
         d, hd = config.n_embd, self.head_dim
         self.q_proj = nn.Linear(d, self.n_head * hd, bias=config.bias)
         self.k_proj = nn.Linear(d, self.n_kv_head * hd, bias=config.bias)
         self.v_proj = nn.Linear(d, self.n_kv_head * hd, bias=config.bias)
         self.o_proj = nn.Linear(self.n_head * hd, d, bias=config.bias)
-        self._init_phase_off()
 
     @property
     def kv_cache_width(self) -> int:
         """Elements cached per token in this layer: keys and values of every KV head."""
         return 2 * self.n_kv_head * self.head_dim
-
-    def _rope(self, T: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        table = rope_table(
-            self.rope_width, self.block_size, self.rope_convention, self.head_dim, self.rope_base, device
-        )
-        return table.cos[:T], table.sin[:T]
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         B, T, _ = x.shape
@@ -148,19 +149,12 @@ class FixedWidthAttention(PhaseOffMixin, nn.Module):
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
 
 
-class LatentAttention(PhaseOffMixin, nn.Module):
+class LatentAttention(RotaryAttention):
     def __init__(self, config: GPTConfig, layer_idx: int) -> None:
-        super().__init__()
-        self.layer_idx = layer_idx
-        self.n_head = config.n_head
+        super().__init__(config, layer_idx, rope_reference_dim=config.qk_nope_head_dim)
         self.kv_lora_rank = config.kv_lora_rank
         self.qk_nope_head_dim = config.qk_nope_head_dim
         self.v_head_dim = config.v_head_dim
-        self.rope_width = config.layer_rope_widths()[layer_idx]  # d_R for this layer
-        self.rope_convention = config.rope_convention
-        self.rope_base = config.rope_base
-        self.block_size = config.block_size
-        self.dropout = config.dropout
         self.qk_head_dim = self.qk_nope_head_dim + self.rope_width
         d, H = config.n_embd, self.n_head
         if config.q_lora_rank > 0:
@@ -175,18 +169,11 @@ class LatentAttention(PhaseOffMixin, nn.Module):
         # W_UK and W_UV: per-head no-position keys and values from the latent.
         self.kv_b_proj = nn.Linear(self.kv_lora_rank, H * (self.qk_nope_head_dim + self.v_head_dim), bias=config.bias)
         self.o_proj = nn.Linear(H * self.v_head_dim, d, bias=config.bias)
-        self._init_phase_off()
 
     @property
     def kv_cache_width(self) -> int:
         """Elements cached per token in this layer: latent d_c plus the shared rotary key d_R,l."""
         return self.kv_lora_rank + self.rope_width
-
-    def _rope(self, T: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        table = rope_table(
-            self.rope_width, self.block_size, self.rope_convention, self.qk_nope_head_dim, self.rope_base, device
-        )
-        return table.cos[:T], table.sin[:T]
 
     def _query(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
