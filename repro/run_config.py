@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from repro.atomic_io import write_text_atomic
+from repro.files import write_text_atomic
 from repro.models.config import GPTConfig
 
 LINKED_GPT_FIELDS = ("vocab_size", "block_size")

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from repro.atomic_io import write_json_atomic
+from repro.files import read_json, write_json_atomic
 
 COMMANDS = ("profile", "allocate", "transfer", "account", "analyze")
 
@@ -314,7 +314,7 @@ def _account(args) -> None:
 
     shape = load_run_config(args.config).shape_config()
     if args.allocation:
-        data = _read_json(args.allocation)
+        data = read_json(args.allocation, "allocation file")
         if "allocations" not in data:
             raise ValueError(f"--allocation {str(args.allocation)!r} has no 'allocations'; is it from repro allocate?")
         rows = []
@@ -366,7 +366,7 @@ def _analyze(args) -> None:
     if args.calibration:
         if benefit is None:
             raise ValueError("--calibration needs --benefit (the profile whose sums predict the gains)")
-        records = _read_json(args.calibration)
+        records = read_json(args.calibration, "calibration file")
         predicted = [predicted_gain(benefit.values, r["high_layers"]) for r in records]
         out["calibration"] = calibration(predicted, [float(r["realized_gain"]) for r in records])
     if not out:
@@ -379,12 +379,3 @@ def _shape_of(profile):
     from repro.models.config import GPTConfig
 
     return GPTConfig(**{"vocab_size": 1, **profile.model})
-
-
-def _read_json(path: Path) -> Any:
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"{str(path)!r} does not exist")
-    try:
-        return json.loads(Path(path).read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{str(path)!r} is not valid JSON: {exc}") from exc

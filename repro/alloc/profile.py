@@ -7,13 +7,12 @@ later steps read it without re-running anything.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from repro.atomic_io import write_json_atomic
+from repro.files import read_json, write_json_atomic
 
 PROFILE_KINDS = ("phase_off", "coverage_benefit", "transferred")
 
@@ -62,12 +61,7 @@ class LayerProfile:
     @classmethod
     def load(cls, path: str | Path) -> "LayerProfile":
         path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"profile file {str(path)!r} does not exist")
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"profile file {str(path)!r} is not valid JSON: {exc}") from exc
+        data = read_json(path, "profile file")
         if not isinstance(data, dict) or "values" not in data or "kind" not in data:
             raise ValueError(f"profile file {str(path)!r} has no 'kind' and 'values'; is it a profile?")
         try:

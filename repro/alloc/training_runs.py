@@ -21,7 +21,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from repro.atomic_io import write_json_atomic
+from repro.files import write_json_atomic
 from repro.run_config import RunConfig
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from repro.atomic_io import write_atomic
+from repro.files import write_atomic
 
 from .corpus import CORPUS_KINDS, DocumentSplit, load_documents, split_documents
 from .tokenizer import TOKENIZER_KINDS, TextTokenizer, load_or_train_tokenizer

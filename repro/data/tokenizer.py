@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Protocol
 
-from repro.atomic_io import write_atomic
+from repro.files import write_atomic
 
 TOKENIZER_KINDS = ("bpe", "char")
 EOS = "<|endoftext|>"

@@ -44,6 +44,20 @@ class RotaryAttention(nn.Module):
         )
         return table.cos[:T], table.sin[:T]
 
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+        """Causal attention of (B, T, H, d) queries over (B, T, H or Hk, d) keys/values -> (B, T, H * d_v)."""
+        B, T = q.shape[:2]
+        y = F.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            is_causal=True,
+            dropout_p=self.dropout if self.training else 0.0,
+            scale=scale,
+            enable_gqa=k.shape[2] != q.shape[2],
+        )  # (B, H, T, d_v)
+        return y.transpose(1, 2).reshape(B, T, -1)
+
     def _init_phase_off(self) -> None:
         self._phase_off = False
         self._phase_off_heads: torch.Tensor | None = None  # None with _phase_off=True: all heads
@@ -134,19 +148,10 @@ class FixedWidthAttention(RotaryAttention):
         return _causal_scores(q, k, self.head_dim**-0.5)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, _ = x.shape
         q, k, v = self._qkv(x)  # (B, T, H, d_h), (B, T, Hk or H, d_h)
         if v.shape[2] != k.shape[2]:  # keys were expanded for per-head phase-off
             v = v.repeat_interleave(k.shape[2] // v.shape[2], dim=2)
-        y = F.scaled_dot_product_attention(
-            q.transpose(1, 2),
-            k.transpose(1, 2),
-            v.transpose(1, 2),
-            is_causal=True,
-            dropout_p=self.dropout if self.training else 0.0,
-            enable_gqa=k.shape[2] != q.shape[2],
-        )  # (B, H, T, d_h)
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
+        return self.o_proj(self._attend(q, k, v))
 
 
 class LatentAttention(RotaryAttention):
@@ -213,17 +218,8 @@ class LatentAttention(RotaryAttention):
         return _causal_scores(q, k, self.qk_head_dim**-0.5)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, _ = x.shape
-        q, k, v = self._qkv(x)
-        y = F.scaled_dot_product_attention(
-            q.transpose(1, 2),
-            k.transpose(1, 2),
-            v.transpose(1, 2),
-            is_causal=True,
-            dropout_p=self.dropout if self.training else 0.0,
-            scale=self.qk_head_dim**-0.5,
-        )  # (B, H, T, d_v)
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.v_head_dim))
+        q, k, v = self._qkv(x)  # keys carry the shared rotary part expanded to every head
+        return self.o_proj(self._attend(q, k, v, scale=self.qk_head_dim**-0.5))
 
 
 def build_attention(config: GPTConfig, layer_idx: int) -> FixedWidthAttention | LatentAttention:

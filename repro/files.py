@@ -1,4 +1,5 @@
-"""Atomic file writes: a reader sees either the old file or the whole new one, never half."""
+"""Results files: atomic writes (a reader sees the old file or the whole new one, never half)
+and JSON reads that fail with the file's name and what is wrong."""
 
 from __future__ import annotations
 
@@ -31,3 +32,14 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
     write_atomic(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode("utf-8"))
+
+
+def read_json(path: str | os.PathLike, what: str = "file") -> Any:
+    """Parsed JSON of ``path``; a missing or malformed file is an error naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} {str(path)!r} does not exist")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{what} {str(path)!r} is not valid JSON: {exc}") from exc
