@@ -8,21 +8,12 @@ The model's ``vocab_size`` is linked from the datamodule's trained tokenizer and
 
 from __future__ import annotations
 
-import torch
 from lightning.pytorch.cli import LightningCLI
 
 from repro.data import TextDataModule
 from repro.lit import GPTLightningModule
+from repro.lit.precision import default_precision
 from repro.models import GPTConfig
-
-
-def default_precision(accelerator: object) -> str:
-    """bf16-mixed where a CUDA GPU will be used, else full fp32."""
-    name = accelerator if isinstance(accelerator, str) else type(accelerator).__name__.lower()
-    uses_gpu = name in ("gpu", "cuda") or "cuda" in name or (name == "auto" and torch.cuda.is_available())
-    if uses_gpu:
-        return "bf16-mixed" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "16-mixed"
-    return "32-true"
 
 
 class ReproCLI(LightningCLI):

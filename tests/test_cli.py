@@ -81,7 +81,7 @@ def test_bad_model_config_fails_before_anything_is_built(override, message, tmp_
 
 
 def test_default_precision_follows_the_accelerator():
-    from repro.cli import default_precision
+    from repro.lit.precision import default_precision
 
     assert default_precision("cpu") == "32-true"
     if not torch.cuda.is_available():

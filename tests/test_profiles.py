@@ -184,3 +184,18 @@ def test_cli_bad_input(args, message, tmp_path):
     assert out.returncode == 2
     assert message in out.stderr
     assert not any((tmp_path / f).exists() for f in ("a.json", "t.json", "p.json"))
+
+
+def test_parallel_workers_give_the_same_profile_as_one_process(smoke_run_config, data_cache, tmp_path):
+    """Runs in 2 spawned single-thread workers: the same result files, bit for bit, as one process with 1 thread."""
+    cfg = smoke_run_config
+    settings = CoverageProfileSettings(steps=4, seeds=(0,), eval_every=2, last_n=1)
+    levels = default_levels(cfg.shape_config())
+    make_dm = lambda: cfg.datamodule(cache_dir=str(data_cache))
+    serial = coverage_benefit_profile(cfg, levels, settings, tmp_path / "serial", datamodule=make_dm(), threads=1)
+    parallel = coverage_benefit_profile(cfg, levels, settings, tmp_path / "parallel", datamodule=make_dm(), workers=2)
+    assert parallel.values == serial.values
+    for f in (tmp_path / "serial").glob("*.json"):
+        a, b = json.loads(f.read_text()), json.loads((tmp_path / "parallel" / f.name).read_text())
+        assert a["val_curve"] == b["val_curve"] and a["threads"] == b["threads"] == 1
+    assert parallel.meta["workers"] == 2

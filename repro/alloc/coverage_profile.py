@@ -19,7 +19,7 @@ from repro.run_config import RunConfig
 
 from .budget import BudgetLevels, level_to_width
 from .profile import LayerProfile
-from .training_runs import Progress, RunSpec, mean_last, run_name, train_run
+from .training_runs import RunSpec, mean_last, run_name, train_runs
 
 
 @dataclass(frozen=True)
@@ -84,15 +84,13 @@ def run_losses(
     last_n: int,
     accelerator: str = "cpu",
     label: str = "coverage",
+    workers: int = 1,
+    threads: int | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Train (or reuse) every run; returns name -> result with its 'loss' (mean of the last n evaluations)."""
-    progress = Progress(len(specs), label)
-    results = {}
-    for spec in specs:
-        result = train_run(run_config, spec, runs_dir, datamodule, accelerator)
-        result["loss"] = mean_last(result["val_curve"], last_n, spec.name)
-        results[spec.name] = result
-        progress.update(spec.name, result)
+    results = train_runs(run_config, specs, runs_dir, datamodule, accelerator, workers, threads, label)
+    for name, result in results.items():
+        result["loss"] = mean_last(result["val_curve"], last_n, name)
     return results
 
 
@@ -103,6 +101,8 @@ def coverage_benefit_profile(
     runs_dir: Path,
     accelerator: str = "cpu",
     datamodule=None,
+    workers: int = 1,
+    threads: int | None = None,
 ) -> LayerProfile:
     """Measure the coverage-benefit profile of the config's model (L + 1 runs per seed, or fewer with groups)."""
     shape = run_config.shape_config()
@@ -112,7 +112,8 @@ def coverage_benefit_profile(
     datamodule = datamodule or run_config.datamodule()
     datamodule.setup("fit")
     specs = upgrade_specs(n_layer, high_w, low_w, settings)
-    results = run_losses(run_config, specs, runs_dir, datamodule, settings.last_n, accelerator)
+    results = run_losses(run_config, specs, runs_dir, datamodule, settings.last_n, accelerator,
+                         workers=workers, threads=threads)
     groups = layer_groups(n_layer, settings.group_size)
     per_seed: dict[str, list[float]] = {}
     base_losses: dict[str, float] = {}
@@ -153,6 +154,7 @@ def coverage_benefit_profile(
             "run_losses": {name: r["loss"] for name, r in results.items()},
             "tokens_per_run": settings.steps * datamodule.batch_size * datamodule.block_size,
             "training_wall_s": total_wall,
+            "workers": workers,
         },
     )
 
@@ -168,6 +170,7 @@ def pair_benefits(
     runs_dir: Path,
     accelerator: str = "cpu",
     datamodule=None,
+    workers: int = 1,
 ) -> dict[tuple[int, int], float]:
     """benefit[i, j] (both layers high) with the profile's own settings and seeds, reusing its base runs."""
     meta = profile.meta
@@ -180,7 +183,8 @@ def pair_benefits(
     datamodule.setup("fit")
     sets = [[]] + [sorted(p) for p in pairs]
     specs = specs_for_sets(sets, n_layer, meta["high_width"], meta["low_width"], settings)
-    results = run_losses(run_config, specs, runs_dir, datamodule, settings.last_n, accelerator, label="interactions")
+    results = run_losses(run_config, specs, runs_dir, datamodule, settings.last_n, accelerator, label="interactions",
+                         workers=workers)
     out = {}
     for i, j in pairs:
         gains = [results[run_name([], s)]["loss"] - results[run_name([i, j], s)]["loss"] for s in settings.seeds]

@@ -5,6 +5,11 @@ per-layer widths, seed and steps, evaluates every ``eval_every`` steps, and writ
 atomically (``<runs_dir>/<name>.json``). A run whose result file exists with the same
 fingerprint is not trained again, so an interrupted profile resumes where it stopped.
 Same seed = same init seed and same data order.
+
+``train_runs`` trains a list of runs one after another, or in ``workers`` spawned processes
+(independent runs, each writing its own result file). On a small model two single-thread
+processes train faster than one process with two threads. A run's numbers depend on its torch
+thread count only through float rounding; the count is recorded in the result.
 """
 
 from __future__ import annotations
@@ -81,9 +86,15 @@ def load_finished(path: Path, expected_fingerprint: str) -> dict[str, Any] | Non
     return result if result.get("fingerprint") == expected_fingerprint else None
 
 
-def train_run(run_config: RunConfig, spec: RunSpec, runs_dir: Path, datamodule, accelerator: str = "cpu") -> dict[str, Any]:
+def train_run(
+    run_config: RunConfig, spec: RunSpec, runs_dir: Path, datamodule, accelerator: str = "cpu",
+    threads: int | None = None,
+) -> dict[str, Any]:
     """Train one variant (or reuse its finished result) and return the result record."""
+    import torch
+
     from repro.lit import GPTLightningModule, OptimConfig
+    from repro.lit.precision import default_precision
 
     runs_dir.mkdir(parents=True, exist_ok=True)
     result_path = runs_dir / f"{spec.name}.json"
@@ -94,6 +105,8 @@ def train_run(run_config: RunConfig, spec: RunSpec, runs_dir: Path, datamodule, 
         return finished
 
     start = time.perf_counter()
+    if threads is not None:
+        torch.set_num_threads(threads)
     datamodule.shuffle_seed = spec.seed
     L.seed_everything(spec.seed, workers=True, verbose=False)
     list_field = "rope_dims" if run_config.shape_config().attention == "mha" else "qk_rope_head_dim"
@@ -109,7 +122,7 @@ def train_run(run_config: RunConfig, spec: RunSpec, runs_dir: Path, datamodule, 
     trainer = L.Trainer(
         accelerator=accelerator,
         devices=1,
-        precision=run_config.trainer.get("precision") or ("bf16-mixed" if accelerator in ("gpu", "cuda") else "32-true"),
+        precision=run_config.trainer.get("precision") or default_precision(accelerator),
         max_steps=spec.steps,
         val_check_interval=spec.eval_every,
         check_val_every_n_epoch=None,
@@ -138,12 +151,84 @@ def train_run(run_config: RunConfig, spec: RunSpec, runs_dir: Path, datamodule, 
         "val_curve": recorder.curve,
         "tokens_trained": int(trainer.global_step) * datamodule.batch_size * datamodule.block_size,
         "wall_s": time.perf_counter() - start,
+        "threads": torch.get_num_threads(),
         "checkpoint": str(runs_dir / f"{spec.name}.ckpt") if spec.save_checkpoint else None,
         "config": run_config.path,
     }
     write_json_atomic(result_path, result)
     result["reused"] = False
     return result
+
+
+_WORKER: dict[str, Any] = {}
+
+
+def _worker_init(run_config: RunConfig, data_args: dict[str, Any], runs_dir: Path, accelerator: str, threads: int) -> None:
+    """Per worker process: one datamodule (it loads the tokenizer and tokens the parent cached)."""
+    import logging
+
+    from repro.data import TextDataModule
+
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    datamodule = TextDataModule(**data_args)
+    datamodule.setup("fit")
+    _WORKER.update(run_config=run_config, datamodule=datamodule, runs_dir=runs_dir, accelerator=accelerator,
+                   threads=threads)
+
+
+def _worker_train(spec: RunSpec) -> dict[str, Any]:
+    w = _WORKER
+    return train_run(w["run_config"], spec, w["runs_dir"], w["datamodule"], w["accelerator"], w["threads"])
+
+
+def train_runs(
+    run_config: RunConfig,
+    specs: list[RunSpec],
+    runs_dir: Path,
+    datamodule,
+    accelerator: str = "cpu",
+    workers: int = 1,
+    threads: int | None = None,
+    label: str = "runs",
+) -> dict[str, dict[str, Any]]:
+    """Train (or reuse) every run, in order or in ``workers`` processes; name -> result.
+
+    ``threads``: torch threads per run (default: the current count when sequential,
+    cpu_count // workers in worker processes).
+    """
+    import os
+
+    if not isinstance(workers, int) or workers <= 0:
+        raise ValueError(f"workers={workers!r}: must be a positive integer")
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"run names are not unique: {sorted({n for n in names if names.count(n) > 1})}")
+    parallel = workers > 1 and accelerator == "cpu"
+    progress = Progress(len(specs), label, workers if parallel else 1)
+    results: dict[str, dict[str, Any]] = {}
+    if not parallel:
+        for spec in specs:
+            results[spec.name] = train_run(run_config, spec, runs_dir, datamodule, accelerator, threads)
+            progress.update(spec.name, results[spec.name])
+        return results
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    threads = threads or max(1, (os.cpu_count() or 1) // workers)
+    datamodule.setup("fit")  # train the tokenizer and cache the tokens once, before the workers load them
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    with ProcessPoolExecutor(
+        max_workers=min(workers, len(specs)) or 1,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_worker_init,
+        initargs=(run_config, dict(datamodule.hparams), runs_dir, accelerator, threads),
+    ) as pool:
+        futures = {pool.submit(_worker_train, spec): spec for spec in specs}
+        for future in as_completed(futures):
+            spec = futures[future]
+            results[spec.name] = future.result()
+            progress.update(spec.name, results[spec.name])
+    return {name: results[name] for name in names}
 
 
 def mean_last(curve: list[tuple[int, float]] | list[list[float]], n: int, name: str = "run") -> float:
@@ -156,8 +241,8 @@ def mean_last(curve: list[tuple[int, float]] | list[list[float]], n: int, name: 
 class Progress:
     """'run i of N' lines with elapsed time and an estimate of what is left (stderr)."""
 
-    def __init__(self, total: int, label: str) -> None:
-        self.total, self.label = total, label
+    def __init__(self, total: int, label: str, workers: int = 1) -> None:
+        self.total, self.label, self.workers = total, label, workers
         self.done = 0
         self.trained_s = 0.0
         self.trained = 0
@@ -169,7 +254,7 @@ class Progress:
             self.trained += 1
             self.trained_s += float(result.get("wall_s", 0.0))
         per_run = self.trained_s / self.trained if self.trained else 0.0
-        left = per_run * (self.total - self.done)
+        left = per_run * (self.total - self.done) / self.workers  # workers train runs side by side
         status = "reused" if result.get("reused") else f"trained in {result.get('wall_s', 0):.1f}s"
         elapsed = time.perf_counter() - self.start
         print(
