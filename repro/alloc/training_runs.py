@@ -194,7 +194,8 @@ def train_runs(
     """Train (or reuse) every run, in order or in ``workers`` processes; name -> result.
 
     ``threads``: torch threads per run (default: the current count when sequential,
-    cpu_count // workers in worker processes).
+    cpu_count // workers in worker processes). Workers are spawned, so a script that calls this
+    with ``workers > 1`` needs the usual ``if __name__ == "__main__":`` guard.
     """
     import os
 
