@@ -67,6 +67,11 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if args and args[0] in COMMANDS:
         raise SystemExit(alloc_main(args))
+    lightning_commands = ("fit", "validate", "test", "predict")
+    if args and not args[0].startswith("-") and args[0] not in lightning_commands:
+        print(f"repro: error: unknown command {args[0]!r}; commands are "
+              f"{', '.join(lightning_commands + COMMANDS)}", file=sys.stderr)
+        raise SystemExit(2)
     if args and args[0] in ("-h", "--help"):
         print(f"repro: fit|validate|test|predict (LightningCLI) or {'|'.join(COMMANDS)}; "
               "`repro <command> --help` explains each.")

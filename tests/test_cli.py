@@ -86,3 +86,11 @@ def test_default_precision_follows_the_accelerator():
     assert default_precision("cpu") == "32-true"
     if not torch.cuda.is_available():
         assert default_precision("auto") == "32-true"
+
+
+def test_unknown_command_lists_every_command(tmp_path):
+    out = run_repro(["nonsense"], tmp_path)
+    assert out.returncode == 2
+    assert "unknown command 'nonsense'" in out.stderr
+    for command in ("fit", "validate", "profile", "allocate", "transfer", "account", "analyze"):
+        assert command in out.stderr
