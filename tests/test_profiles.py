@@ -12,7 +12,7 @@ import torch
 
 from conftest import CONFIGS
 from repro.alloc.budget import default_levels
-from repro.alloc.coverage_profile import CoverageProfileSettings, coverage_benefit_profile
+from repro.alloc.coverage_profile import CoverageProfileSettings, coverage_benefit_profile, pair_benefits
 from repro.alloc.phase_off_profile import load_checked_model, phase_off_values
 from repro.alloc.profile import LayerProfile
 from repro.models import GPT, GPTConfig
@@ -78,6 +78,17 @@ def test_coverage_profile_end_to_end_and_resumable(smoke_run_config, data_cache,
     assert err.count("reused") == 8 and "trained in" not in err  # a second call does no training
     assert {f.name: f.stat().st_mtime_ns for f in sorted((tmp_path / "runs").glob("*.json"))} == mtimes
     assert again.values == profile.values
+
+    # interaction runs reuse the profile's base runs and train only the pair runs
+    assert profile.meta["runs_dir"] == str(tmp_path / "runs")
+    pairs = pair_benefits(cfg, profile, [(0, 2)], Path(profile.meta["runs_dir"]), datamodule=dm)
+    err = capsys.readouterr().err
+    assert "high-none-s0 reused" in err and "high-none-s1 reused" in err
+    assert "high-0_2-s0 trained" in err and "high-0_2-s1 trained" in err
+    pair_loss = {s: sum(v for _, v in json.loads((tmp_path / "runs" / f"high-0_2-s{s}.json").read_text())["val_curve"]) / 2
+                 for s in ("0", "1")}
+    expected = sum(loss[f"high-none-s{s}"] - pair_loss[s] for s in ("0", "1")) / 2
+    assert pairs[(0, 2)] == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("config", ["smoke.yaml", "smoke_mla.yaml"])

@@ -24,9 +24,9 @@ def _levels_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--budget", type=float, default=None, help="budget B: mean coverage (MHA) or mean rotary width (MLA)")
 
 
-def _runs_args(p: argparse.ArgumentParser) -> None:
+def _runs_args(p: argparse.ArgumentParser, default: str = "<out>.runs/") -> None:
     p.add_argument("--runs-dir", type=Path, default=None,
-                   help="where each training run writes its result JSON and TensorBoard log (default: <out>.runs/); "
+                   help=f"where each training run writes its result JSON and TensorBoard log (default: {default}); "
                         "finished runs found there are reused, so a second call resumes")
     p.add_argument("--accelerator", default="cpu", help="Lightning accelerator for the training runs (cpu, gpu)")
     p.add_argument("--workers", type=int, default=1,
@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     inter.add_argument("--profile", required=True, type=Path, help="coverage-benefit profile JSON")
     inter.add_argument("--top", type=int, default=3, help="use all pairs among the top-m layers (default 3)")
     inter.add_argument("--out", required=True, type=Path, help="output JSON of interaction terms")
-    _runs_args(inter)
+    _runs_args(inter, default="the profile's own runs folder, so that its base runs are reused")
 
     al = sub.add_parser("allocate", help="choose high/low layers under the budget with one or more methods",
                         description="Allocations under a fixed budget. Budget-matched: profiled, transferred, uniform, "
@@ -228,7 +228,9 @@ def _profile(args) -> None:
         if not 2 <= args.top <= profile.n_layer:
             raise ValueError(f"--top={args.top}: must be in 2..{profile.n_layer}")
         pairs = list(combinations(top_k_layers(profile.values, args.top), 2))
-        measured = pair_benefits(run_config, profile, pairs, _runs_dir(args), args.accelerator, workers=args.workers)
+        # the pair runs share the profile's base runs: train them in the profile's runs folder
+        runs_dir = args.runs_dir or Path(profile.meta.get("runs_dir") or args.profile.with_name(args.profile.name + ".runs"))
+        measured = pair_benefits(run_config, profile, pairs, runs_dir, args.accelerator, workers=args.workers)
         terms = interaction_terms(profile.values, measured)
         write_json_atomic(args.out, {"profile": str(args.profile), "top": args.top, "terms": terms})
         for t in terms:

@@ -150,6 +150,7 @@ def coverage_benefit_profile(
             "group_spread": settings.group_spread,
             "schedule_steps": settings.schedule_steps,
             "runs": len(specs),
+            "runs_dir": str(runs_dir),
             "base_loss": base_losses,
             "run_losses": {name: r["loss"] for name, r in results.items()},
             "tokens_per_run": settings.steps * datamodule.batch_size * datamodule.block_size,
