@@ -228,16 +228,3 @@ class TextDataModule(L.LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return self.val_dataloader()
-
-    def describe(self) -> dict:
-        """Facts about the prepared data (for logs and results)."""
-        return {
-            "corpus": self.corpus,
-            "train_documents": [d.name for d in self.split.train],
-            "validation_documents": [d.name for d in self.split.validation],
-            "tokenizer": self.tokenizer_kind,
-            "vocab_size": self.vocab_size,
-            "train_tokens": int(len(self.token_stream("train"))),
-            "validation_tokens": int(len(self.token_stream("validation"))),
-            "block_size": self.block_size,
-        }

@@ -133,9 +133,6 @@ class GPT(nn.Module):
         for attn in self.attention_layers():
             attn.clear_phase_off()
 
-    def phase_off_layers(self) -> list[int]:
-        return [i for i, attn in enumerate(self.attention_layers()) if attn.phase_off_active]
-
     @contextlib.contextmanager
     def phase_off(self, layers: Iterable[int] | Mapping[int, Iterable[int] | None]) -> Iterator["GPT"]:
         """Context manager: phase-off in ``layers`` inside the block, restored on exit."""
