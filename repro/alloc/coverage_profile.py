@@ -86,9 +86,10 @@ def run_losses(
     label: str = "coverage",
     workers: int = 1,
     threads: int | None = None,
+    quiet: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """Train (or reuse) every run; returns name -> result with its 'loss' (mean of the last n evaluations)."""
-    results = train_runs(run_config, specs, runs_dir, datamodule, accelerator, workers, threads, label)
+    results = train_runs(run_config, specs, runs_dir, datamodule, accelerator, workers, threads, label, quiet=quiet)
     for name, result in results.items():
         result["loss"] = mean_last(result["val_curve"], last_n, name)
     return results
@@ -103,6 +104,7 @@ def coverage_benefit_profile(
     datamodule=None,
     workers: int = 1,
     threads: int | None = None,
+    quiet: bool = False,
 ) -> LayerProfile:
     """Measure the coverage-benefit profile of the config's model (L + 1 runs per seed, or fewer with groups)."""
     shape = run_config.shape_config()
@@ -113,7 +115,7 @@ def coverage_benefit_profile(
     datamodule.setup("fit")
     specs = upgrade_specs(n_layer, high_w, low_w, settings)
     results = run_losses(run_config, specs, runs_dir, datamodule, settings.last_n, accelerator,
-                         workers=workers, threads=threads)
+                         workers=workers, threads=threads, quiet=quiet)
     groups = layer_groups(n_layer, settings.group_size)
     per_seed: dict[str, list[float]] = {}
     base_losses: dict[str, float] = {}

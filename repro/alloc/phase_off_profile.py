@@ -25,8 +25,9 @@ def mean_loss(model: GPT, batches: list[dict[str, torch.Tensor]]) -> tuple[float
     """Token-weighted mean next-token loss over the batches, and the number of tokens."""
     model.eval()
     total, tokens = 0.0, 0
+    device = next(model.parameters()).device
     for batch in batches:
-        _, loss = model(batch["input_ids"], batch["targets"])
+        _, loss = model(batch["input_ids"].to(device), batch["targets"].to(device))
         n = batch["targets"].numel()
         total += float(loss) * n
         tokens += n
@@ -88,15 +89,15 @@ def load_checked_model(
 
 
 def measure_phase_off_profile(
-    run_config: RunConfig, checkpoint: str | Path, per_head: bool = False, datamodule=None
+    run_config: RunConfig, checkpoint: str | Path, per_head: bool = False, datamodule=None, device: str = "cpu"
 ) -> LayerProfile:
-    """Phase-off profile of a trained checkpoint on the config's validation data."""
+    """Phase-off profile of a trained checkpoint on the config's validation data (evaluated on ``device``)."""
     datamodule = datamodule or run_config.datamodule()
     datamodule.setup("validate")
     # the reference keeps its own widths (all high by the spec); every other field must match the config
     model, _ = load_checked_model(checkpoint, run_config.gpt_config(datamodule.vocab_size), ignore=WIDTH_FIELDS)
     batches = list(datamodule.val_dataloader())
-    measured = phase_off_values(model, batches, per_head)
+    measured = phase_off_values(model.to(device), batches, per_head)
     return LayerProfile(
         kind="phase_off",
         values=measured["values"],

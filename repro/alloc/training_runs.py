@@ -163,22 +163,125 @@ def train_run(
 _WORKER: dict[str, Any] = {}
 
 
-def _worker_init(run_config: RunConfig, data_args: dict[str, Any], runs_dir: Path, accelerator: str, threads: int) -> None:
-    """Per worker process: one datamodule (it loads the tokenizer and tokens the parent cached)."""
+def _data_key(data_args: dict[str, Any]) -> str:
+    return json.dumps(data_args, sort_keys=True, default=str)
+
+
+def _worker_init(accelerator: str, threads: int) -> None:
     import logging
 
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    _WORKER.update(accelerator=accelerator, threads=threads, datamodules={})
+
+
+def _worker_datamodule(data_args: dict[str, Any]):
+    """One datamodule per data setting and worker (it loads the tokenizer and tokens the parent cached)."""
     from repro.data import TextDataModule
 
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-    datamodule = TextDataModule(**data_args)
-    datamodule.setup("fit")
-    _WORKER.update(run_config=run_config, datamodule=datamodule, runs_dir=runs_dir, accelerator=accelerator,
-                   threads=threads)
+    key = _data_key(data_args)
+    if key not in _WORKER["datamodules"]:
+        datamodule = TextDataModule(**data_args)
+        datamodule.setup("fit")
+        _WORKER["datamodules"][key] = datamodule
+    return _WORKER["datamodules"][key]
 
 
-def _worker_train(spec: RunSpec) -> dict[str, Any]:
+def _worker_train(job: "RunJob") -> dict[str, Any]:
     w = _WORKER
-    return train_run(w["run_config"], spec, w["runs_dir"], w["datamodule"], w["accelerator"], w["threads"])
+    datamodule = _worker_datamodule(job.data_args)
+    return train_run(job.run_config, job.spec, job.runs_dir, datamodule, w["accelerator"], w["threads"])
+
+
+@dataclass(frozen=True)
+class RunJob:
+    """One run of any config: what ``train_jobs`` trains (runs of several configs share one pool)."""
+
+    run_config: RunConfig  # the model, optimizer, data and trainer settings
+    spec: RunSpec  # widths, seed, steps of this run
+    runs_dir: Path  # where its result JSON and TensorBoard log go
+    data_args: dict[str, Any]  # TextDataModule arguments (the parent's datamodule hparams)
+
+    @property
+    def key(self) -> str:
+        return str(self.runs_dir / self.spec.name)
+
+
+def train_jobs(
+    jobs: list[RunJob],
+    datamodules: dict[str, Any],
+    accelerator: str = "cpu",
+    workers: int = 1,
+    threads: int | None = None,
+    label: str = "runs",
+    progress: "Progress | None" = None,
+) -> dict[str, dict[str, Any]]:
+    """Train (or reuse) runs of one or more configs; ``job.key`` -> result.
+
+    ``datamodules`` maps the data key of every job (``data_key(job.data_args)``) to a datamodule
+    of the parent process, used when training sequentially; with ``workers > 1`` each spawned
+    worker builds its own from ``job.data_args`` after the parent has cached tokenizer and tokens.
+    ``threads``: torch threads per run (default: the current count when sequential,
+    cpu_count // workers in worker processes). Workers are spawned, so a script that calls this
+    with ``workers > 1`` needs the usual ``if __name__ == "__main__":`` guard. ``progress``: a
+    shared progress (several calls of one experiment), else one is made for these jobs.
+    """
+    import os
+
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers <= 0:
+        raise ValueError(f"workers={workers!r}: must be a positive integer")
+    keys = [job.key for job in jobs]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"run names are not unique: {sorted({k for k in keys if keys.count(k) > 1})}")
+    parallel = workers > 1 and accelerator == "cpu" and len(jobs) > 1
+    if progress is None:
+        progress = Progress(len(jobs), label, min(workers, len(jobs)) if parallel else 1)
+    results: dict[str, dict[str, Any]] = {}
+    pending = []
+    for job in jobs:  # finished runs are reused here, without starting a worker for them
+        finished = _reusable(job)
+        if finished is not None:
+            results[job.key] = finished
+            progress.update(job.spec.name, finished)
+        else:
+            pending.append(job)
+    if not parallel or len(pending) <= 1:
+        for job in pending:
+            datamodule = datamodules[_data_key(job.data_args)]
+            results[job.key] = train_run(job.run_config, job.spec, job.runs_dir, datamodule, accelerator, threads)
+            progress.update(job.spec.name, results[job.key])
+        return {key: results[key] for key in keys}
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    threads = threads or max(1, (os.cpu_count() or 1) // workers)
+    for datamodule in datamodules.values():
+        datamodule.setup("fit")  # train the tokenizer and cache the tokens once, before the workers load them
+    with ProcessPoolExecutor(
+        max_workers=min(workers, len(pending)),
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_worker_init,
+        initargs=(accelerator, threads),
+    ) as pool:
+        futures = {pool.submit(_worker_train, job): job for job in pending}
+        for future in as_completed(futures):
+            job = futures[future]
+            results[job.key] = future.result()
+            progress.update(job.spec.name, results[job.key])
+    return {key: results[key] for key in keys}
+
+
+def _reusable(job: RunJob) -> dict[str, Any] | None:
+    spec = job.spec
+    finished = load_finished(job.runs_dir / f"{spec.name}.json", fingerprint(job.run_config, spec))
+    if finished is None or (spec.save_checkpoint and not (job.runs_dir / f"{spec.name}.ckpt").is_file()):
+        return None
+    finished["reused"] = True
+    return finished
+
+
+def data_key(data_args: dict[str, Any]) -> str:
+    """The key of a data setting in the ``datamodules`` map of ``train_jobs``."""
+    return _data_key(data_args)
 
 
 def train_runs(
@@ -190,46 +293,17 @@ def train_runs(
     workers: int = 1,
     threads: int | None = None,
     label: str = "runs",
+    quiet: bool = False,
 ) -> dict[str, dict[str, Any]]:
-    """Train (or reuse) every run, in order or in ``workers`` processes; name -> result.
+    """Train (or reuse) every run of one config, in order or in ``workers`` processes; name -> result.
 
-    ``threads``: torch threads per run (default: the current count when sequential,
-    cpu_count // workers in worker processes). Workers are spawned, so a script that calls this
-    with ``workers > 1`` needs the usual ``if __name__ == "__main__":`` guard.
+    See ``train_jobs`` for threads and workers; ``quiet`` prints no progress lines.
     """
-    import os
-
-    if not isinstance(workers, int) or workers <= 0:
-        raise ValueError(f"workers={workers!r}: must be a positive integer")
-    names = [s.name for s in specs]
-    if len(set(names)) != len(names):
-        raise ValueError(f"run names are not unique: {sorted({n for n in names if names.count(n) > 1})}")
-    parallel = workers > 1 and accelerator == "cpu"
-    progress = Progress(len(specs), label, workers if parallel else 1)
-    results: dict[str, dict[str, Any]] = {}
-    if not parallel:
-        for spec in specs:
-            results[spec.name] = train_run(run_config, spec, runs_dir, datamodule, accelerator, threads)
-            progress.update(spec.name, results[spec.name])
-        return results
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    threads = threads or max(1, (os.cpu_count() or 1) // workers)
-    datamodule.setup("fit")  # train the tokenizer and cache the tokens once, before the workers load them
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    with ProcessPoolExecutor(
-        max_workers=min(workers, len(specs)) or 1,
-        mp_context=multiprocessing.get_context("spawn"),
-        initializer=_worker_init,
-        initargs=(run_config, dict(datamodule.hparams), runs_dir, accelerator, threads),
-    ) as pool:
-        futures = {pool.submit(_worker_train, spec): spec for spec in specs}
-        for future in as_completed(futures):
-            spec = futures[future]
-            results[spec.name] = future.result()
-            progress.update(spec.name, results[spec.name])
-    return {name: results[name] for name in names}
+    data_args = dict(datamodule.hparams)
+    jobs = [RunJob(run_config, spec, runs_dir, data_args) for spec in specs]
+    progress = Progress(len(jobs), label, workers, quiet=True) if quiet else None
+    results = train_jobs(jobs, {_data_key(data_args): datamodule}, accelerator, workers, threads, label, progress)
+    return {job.spec.name: results[job.key] for job in jobs}
 
 
 def mean_last(curve: list[tuple[int, float]] | list[list[float]], n: int, name: str = "run") -> float:
@@ -240,22 +314,45 @@ def mean_last(curve: list[tuple[int, float]] | list[list[float]], n: int, name: 
 
 
 class Progress:
-    """'run i of N' lines with elapsed time and an estimate of what is left (stderr)."""
+    """'run i of N' lines with elapsed time and an estimate of what is left (stderr).
 
-    def __init__(self, total: int, label: str, workers: int = 1) -> None:
-        self.total, self.label, self.workers = total, label, workers
+    With ``total_steps`` the estimate is by optimizer steps (runs of different lengths, such as
+    profile runs and full runs, share one progress); otherwise by runs. ``extend`` adds runs that
+    become known later (a later stage of an experiment).
+    """
+
+    def __init__(self, total: int, label: str, workers: int = 1, total_steps: int | None = None,
+                 quiet: bool = False) -> None:
+        self.total, self.label, self.workers, self.quiet = total, label, workers, quiet
+        self.total_steps = total_steps
         self.done = 0
+        self.done_steps = 0
         self.trained_s = 0.0
         self.trained = 0
+        self.trained_steps = 0
         self.start = time.perf_counter()
+
+    def extend(self, runs: int, steps: int = 0) -> None:
+        self.total += runs
+        if self.total_steps is not None:
+            self.total_steps += steps
 
     def update(self, name: str, result: dict[str, Any]) -> None:
         self.done += 1
+        steps = int(result.get("steps", 0))
+        self.done_steps += steps
         if not result.get("reused"):
             self.trained += 1
             self.trained_s += float(result.get("wall_s", 0.0))
-        per_run = self.trained_s / self.trained if self.trained else 0.0
-        left = per_run * (self.total - self.done) / self.workers  # workers train runs side by side
+            self.trained_steps += steps
+        if self.total_steps is not None and self.trained_steps:
+            seconds_per_step = self.trained_s / self.trained_steps
+            left = seconds_per_step * max(0, self.total_steps - self.done_steps) / self.workers
+        else:
+            per_run = self.trained_s / self.trained if self.trained else 0.0
+            left = per_run * (self.total - self.done) / self.workers  # workers train runs side by side
+        if self.quiet:
+            return
         status = "reused" if result.get("reused") else f"trained in {result.get('wall_s', 0):.1f}s"
         elapsed = time.perf_counter() - self.start
         print(

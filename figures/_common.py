@@ -1,0 +1,54 @@
+"""Shared helpers of the figure scripts: paper-column styling, loading results, saving PNG + PDF.
+
+Every figure script has ``main(results=Path('results'), out=Path('figures/out')) -> list[Path]``:
+it returns the files it wrote, or an empty list after printing why it skipped (missing results).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+COLUMN_WIDTH_IN = 3.4  # one column of a two-column paper
+TEXT_WIDTH_IN = 7.0  # both columns
+ARCH_TITLE = {"mha": "fixed width (MHA)", "mla": "MLA"}
+
+
+def style() -> None:
+    plt.rcParams.update({
+        "font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "legend.fontsize": 6.5,
+        "xtick.labelsize": 7, "ytick.labelsize": 7, "lines.linewidth": 1.2, "axes.grid": True,
+        "grid.alpha": 0.3, "savefig.dpi": 200, "figure.constrained_layout.use": True,
+    })
+
+
+def load_table1(results: Path, figure: str) -> dict[str, Any] | None:
+    """The Table 1 document, or None (with a message) when there is none yet."""
+    path = Path(results) / "table1" / "table1.json"
+    if not path.is_file():
+        print(f"[figures] skip {figure}: {path} not found (run `make reproduce-table1` first)")
+        return None
+    return json.loads(path.read_text())
+
+
+def load_json(path: str | Path) -> dict[str, Any]:
+    return json.loads(Path(path).read_text())
+
+
+def save(fig, out: Path, name: str) -> list[Path]:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{name}.png", out / f"{name}.pdf"]
+    for p in paths:
+        tmp = p.with_name(f".{p.stem}.tmp{p.suffix}")  # written whole, then renamed
+        fig.savefig(tmp)
+        tmp.replace(p)
+    plt.close(fig)
+    print(f"[figures] wrote {paths[0]} and .pdf")
+    return paths

@@ -1,0 +1,170 @@
+"""`make reproduce-table1` at smoke scale end to end: rows, budgets, files, resume, figures."""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from repro.experiments.table1 import ROW_METHODS, main as table1_main
+from repro.experiments.table1_settings import Table1Settings, load_table1_settings
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SMOKE = REPO_ROOT / "paper_configs" / "table1" / "smoke.yaml"
+FIGURES = REPO_ROOT / "figures"
+ARCHS = ("mha", "mla")
+
+
+@pytest.fixture(scope="module")
+def smoke_table(tmp_path_factory):
+    """One smoke reproduction (the tokenizer cache goes to a temporary working folder)."""
+    work = tmp_path_factory.mktemp("table1")
+    out = work / "results" / "table1"
+    mp = pytest.MonkeyPatch()
+    mp.chdir(work)
+    try:
+        assert table1_main(["--settings", str(SMOKE), "--out", str(out)]) == 0
+        doc = json.loads((out / "table1.json").read_text())
+        yield {"work": work, "out": out, "doc": doc, "mp": mp}
+    finally:
+        mp.undo()
+
+
+@pytest.mark.slow
+def test_every_method_row_is_present_for_both_architectures(smoke_table):
+    doc = smoke_table["doc"]
+    assert [r["method"].split(" (")[0] for r in doc["rows"]] == list(ROW_METHODS)
+    for row in doc["rows"]:
+        for arch in ARCHS:
+            assert math.isfinite(row[f"{arch}_loss_mean"]), (row["method"], arch)
+            assert row[f"{arch}_runs"] >= len(doc["seeds"])
+    assert doc["scale"] == "smoke" and doc["git_commit"] and doc["created"]
+    for arch in ARCHS:
+        runs = doc["architectures"][arch]["runs"]
+        assert runs and all(math.isfinite(r["final_loss"]) for r in runs.values())
+
+
+@pytest.mark.slow
+def test_budget_matched_rows_spend_the_same_total_rotary_width(smoke_table):
+    doc = smoke_table["doc"]
+    for arch in ARCHS:
+        totals = {}
+        for row in doc["rows"]:
+            widths = [[int(w) for w in draw.split()] for draw in row[f"{arch}_widths"].split(" | ")]
+            totals[row["method"].split(" (")[0]] = {sum(w) for w in widths}
+        matched = set().union(*(totals[m] for m in ROW_METHODS if m not in ("all-high", "all-low", "nope")))
+        assert len(matched) == 1, (arch, totals)
+        (budget,) = matched
+        assert min(totals["all-high"]) > budget > max(totals["all-low"]) > max(totals["nope"]) == 0
+        # the reference points are not at the budget, and the table marks them
+        refs = [r for r in doc["rows"] if not r["budget_matched"]]
+        assert [r["method"] for r in refs] == ["all-high", "all-low", "nope"]
+    md = (smoke_table["out"] / "table1.md").read_text()
+    assert "| all-high † |" in md and "not budget-matched" in md
+
+
+@pytest.mark.slow
+def test_md_csv_and_json_agree(smoke_table):
+    doc, out = smoke_table["doc"], smoke_table["out"]
+    with open(out / "table1.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["method"] for r in rows] == [r["method"] for r in doc["rows"]]
+    md = (out / "table1.md").read_text()
+    for csv_row, json_row in zip(rows, doc["rows"]):
+        assert csv_row["scale"] == "smoke" and csv_row["git_commit"] == doc["git_commit"]
+        for arch in ARCHS:
+            assert float(csv_row[f"{arch}_loss_mean"]) == json_row[f"{arch}_loss_mean"]
+            assert f"{json_row[f'{arch}_loss_mean']:.4f}" in md
+        assert int(csv_row["mla_kv_elements_per_token"]) == json_row["mla_kv_elements_per_token"]
+    # the MLA cache grows with the rotary width: all-high > budget > all-low > nope
+    kv = {r["method"]: r["mla_kv_elements_per_token"] for r in doc["rows"]}
+    assert kv["all-high"] > kv["uniform"] == kv["profiled"] > kv["all-low"] > kv["nope"]
+
+
+@pytest.mark.slow
+def test_a_second_call_reuses_every_run(smoke_table):
+    out = smoke_table["out"]
+    results = sorted(out.rglob("runs/*.json")) + sorted(out.rglob("profile_*/*.json"))
+    before = {p: p.stat().st_mtime_ns for p in results}
+    assert table1_main(["--settings", str(SMOKE), "--out", str(out)]) == 0
+    doc = json.loads((out / "table1.json").read_text())
+    assert doc["runs_trained"] == 0 and doc["runs_reused"] > 0
+    assert {p: p.stat().st_mtime_ns for p in results} == before
+    assert doc["rows"] == smoke_table["doc"]["rows"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["table1_curves", "rope_profiles", "quality_storage_compute", "calibration"])
+def test_each_figure_script_draws_from_the_smoke_results(smoke_table, name, tmp_path):
+    sys.path.insert(0, str(FIGURES))
+    try:
+        module = importlib.import_module(name)
+    finally:
+        sys.path.remove(str(FIGURES))
+    written = module.main(smoke_table["work"] / "results", tmp_path)
+    assert sorted(p.name for p in written) == [f"{name}.pdf", f"{name}.png"]
+    for p in written:
+        assert p.is_file() and p.stat().st_size > 1000
+
+
+def test_figures_without_results_are_skipped_with_a_message(tmp_path, capsys):
+    sys.path.insert(0, str(FIGURES))
+    try:
+        make_all = importlib.import_module("make_all")
+    finally:
+        sys.path.remove(str(FIGURES))
+    assert make_all.main(["--results", str(tmp_path / "none"), "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("[figures] skip") == 4 and "make reproduce-table1" in out
+    assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------------------- bad settings
+def _write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "settings.yaml"
+    p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ("scale: huge\n", "scale='huge'"),
+        ("seeds: []\n", "seeds=[]"),
+        ("seeds: [0, 0]\n", "seeds repeat"),
+        ("workers: 0\n", "workers=0"),
+        ("profile_fraction: 1.5\n", "profile_fraction=1.5"),
+        ("profile_lr_schedule: sometimes\n", "profile_lr_schedule='sometimes'"),
+        ("sweep_methods: [random-k]\n", "sweep_methods=['random-k']"),
+        ("interaction_top: 1\n", "interaction_top=1"),
+        ("colour: blue\n", "unknown fields ['colour']"),
+    ],
+)
+def test_bad_settings_fail_early_naming_the_field(tmp_path, extra, message):
+    base = SMOKE.read_text()
+    lines = [ln for ln in base.splitlines() if not ln.startswith(extra.split(":")[0] + ":")]
+    path = _write(tmp_path, "\n".join(lines).replace("smoke_", str(SMOKE.parent) + "/smoke_") + "\n" + extra)
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_table1_settings(path)
+
+
+def test_cli_reports_a_missing_config_and_writes_nothing(tmp_path, capsys):
+    path = _write(tmp_path, "scale: smoke\ntarget: {mha: nowhere.yaml, mla: nowhere.yaml}\n"
+                            "source: {mha: nowhere.yaml, mla: nowhere.yaml}\n")
+    assert table1_main(["--settings", str(path), "--out", str(tmp_path / "out")]) == 2
+    assert "nowhere.yaml" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_source_deeper_than_target_is_rejected(tmp_path, capsys):
+    s = load_table1_settings(SMOKE)
+    swapped = Table1Settings(**{**s.to_dict(), "target": s.source, "source": s.target})
+    from repro.experiments.table1 import make_plan
+
+    with pytest.raises(ValueError, match="must be shallower"):
+        make_plan(swapped, "mha", tmp_path)
