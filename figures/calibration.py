@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ARCH_TITLE, TEXT_WIDTH_IN, load_table1, plt, save, style  # noqa: E402
+from _common import TEXT_WIDTH_IN, load_table1, plt, save, style  # noqa: E402
 
 
 def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> list[Path]:
@@ -38,7 +38,7 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
             ax.legend(frameon=False, loc="best")
         ax.set_xlabel("predicted gain: sum of benefit of high layers (nats)")
         ax.set_ylabel("realized gain vs all-low (nats)")
-        ax.set_title(f"{ARCH_TITLE[arch]}: calibration ({len(pts)} allocations)")
+        ax.set_title(f"{arch.upper()}: calibration ({len(pts)} allocations)")
         ax = row[1]
         terms = an["interactions"]
         if terms:
@@ -56,7 +56,7 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
         else:
             ax.text(0.5, 0.5, "no interaction runs (interaction_top = 0)", ha="center", va="center",
                     transform=ax.transAxes)
-        ax.set_title(f"{ARCH_TITLE[arch]}: interactions among the top layers")
+        ax.set_title(f"{arch.upper()}: interactions of top layers")
     fig.suptitle(f"Profile calibration and interactions (scale {doc['scale']})")
     return save(fig, out, "calibration")
 

@@ -20,7 +20,7 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
     style()
     a = doc["architectures"]["mla"]
     points, front = a["storage_points"], a["pareto_front"]
-    bpe = doc.get("bytes_per_elem", 2)
+    bpe = a.get("bytes_per_elem", 2)
     fig, ax = plt.subplots(figsize=(COLUMN_WIDTH_IN + 0.6, 2.9))
     xs = [p["kv_bytes_per_token"] for p in points]
     ys = [p["loss_mean"] for p in points]
@@ -31,15 +31,19 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
     fx = [xs[i] for i in front]
     fy = [ys[i] for i in front]
     ax.step(fx, fy, where="post", color="tab:red", lw=1.0, zorder=3, label="Pareto front")
-    for p, x, y in zip(points, xs, ys):
-        label = ", ".join(m.replace(" (", "(") for m in p["methods"][:2]) + ("…" if len(p["methods"]) > 2 else "")
-        ax.annotate(label, (x, y), textcoords="offset points", xytext=(3, 2), fontsize=5)
+    order = sorted(range(len(points)), key=lambda i: (xs[i], ys[i]))
+    for rank, i in enumerate(order):  # alternate sides so that labels of neighbouring points do not collide
+        p = points[i]
+        label = ", ".join(p["methods"][:3]) + ("…" if len(p["methods"]) > 3 else "")
+        left = rank % 2 == 1
+        ax.annotate(label, (xs[i], ys[i]), textcoords="offset points", xytext=(-3 if left else 3, 2),
+                    ha="right" if left else "left", fontsize=5)
     cb = fig.colorbar(sc, ax=ax)
-    cb.set_label(f"attention FLOPs/token (M, context {doc['architectures']['mla'].get('context', '')})".replace(", context )", ")"))
+    cb.set_label(f"attention FLOPs per token (millions, context {a.get('context', '?')})")
     ax.set_xlabel(f"KV cache per token (bytes, {bpe} B/element, all layers)")
     ax.set_ylabel("validation loss (nats/token)")
     ax.set_title(f"MLA allocations, {a['target_layers']} layers (scale {doc['scale']})")
-    ax.legend(frameon=False, loc="upper right")
+    ax.legend(frameon=False, loc="best")
     return save(fig, out, "quality_storage_compute")
 
 

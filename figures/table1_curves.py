@@ -1,4 +1,9 @@
-"""Validation-loss curves of the Table 1 rows (mean over seeds, shaded +- std), from the runs' TensorBoard logs."""
+"""Validation-loss curves of the Table 1 rows (mean over seeds, shaded +- std), from the runs' logs.
+
+Each run's result log holds its validation curve against the optimizer step (the same values as
+its TensorBoard ``val/loss``, which Lightning files under the step before); the TensorBoard log
+is read when the result log is missing.
+"""
 
 from __future__ import annotations
 
@@ -13,10 +18,15 @@ from _common import ARCH_TITLE, TEXT_WIDTH_IN, load_table1, plt, save, style  # 
 REFERENCE = {"all-high", "all-low", "nope"}
 
 
-def val_curve(tb_dir: str) -> list[tuple[int, float]]:
+def val_curve(run: dict) -> list[tuple[int, float]]:
+    import json
+
+    result = Path(run.get("result", ""))
+    if result.is_file():
+        return [(int(s), float(v)) for s, v in json.loads(result.read_text())["val_curve"]]
     from repro.lit.tensorboard_scalars import read_scalars
 
-    return read_scalars(tb_dir).get("val/loss", [])
+    return [(s + 1, v) for s, v in read_scalars(run["tensorboard"]).get("val/loss", [])]
 
 
 def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> list[Path]:
@@ -25,14 +35,14 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
         return []
     style()
     archs = list(doc["architectures"])
-    fig, axes = plt.subplots(1, len(archs), figsize=(TEXT_WIDTH_IN, 2.8), squeeze=False)
+    fig, axes = plt.subplots(1, len(archs), figsize=(TEXT_WIDTH_IN, 3.3), squeeze=False)
     cmap = plt.get_cmap("tab20")
     for ax, arch in zip(axes[0], archs):
         arch_doc = doc["architectures"][arch]
         lows = []
         for i, row in enumerate(doc["rows"]):
             names = arch_doc["row_runs"][row["method"]]
-            curves = [c for c in (val_curve(arch_doc["runs"][n]["tensorboard"]) for n in names) if c]
+            curves = [c for c in (val_curve(arch_doc["runs"][n]) for n in names) if c]
             if not curves:
                 continue
             steps = sorted(set.intersection(*(set(s for s, _ in c) for c in curves)))
@@ -55,7 +65,8 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
                      f"{len(doc['seeds'])} seed(s)")
         ax.set_xlabel("training step")
         ax.set_ylabel("validation loss (nats/token)")
-    axes[0][-1].legend(loc="upper right", ncol=2, frameon=False)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=6, frameon=False)
     fig.suptitle(f"Table 1 rows: validation loss (mean ± std over seeds; † not budget-matched), scale {doc['scale']}")
     return save(fig, out, "table1_curves")
 

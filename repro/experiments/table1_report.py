@@ -187,7 +187,10 @@ def build_table(settings, arch_data: dict[str, dict[str, Any]], steps_override: 
             "analysis": analysis(d, seeds),
             "storage_points": points,
             "pareto_front": pareto_front(points),
+            "context": plan.target.block_size,
+            "bytes_per_elem": 2,
             "runs": {name: {"widths": r["widths"], "seed": r["seed"], "final_loss": final_loss(r),
+                            "result": str(plan.runs_dir / f"{name}.json"),
                             "tensorboard": str(plan.runs_dir / "tb" / name), "wall_s": r["wall_s"]}
                      for name, r in sorted(d["runs"].items())},
         }
