@@ -55,7 +55,7 @@ def test_budget_matched_rows_spend_the_same_total_rotary_width(smoke_table):
     for arch in ARCHS:
         totals = {}
         for row in doc["rows"]:
-            widths = [[int(w) for w in draw.split()] for draw in row[f"{arch}_widths"].split(" | ")]
+            widths = [[int(w) for w in draw.split()] for draw in row[f"{arch}_widths"].split("; ")]
             totals[row["method"].split(" (")[0]] = {sum(w) for w in widths}
         matched = set().union(*(totals[m] for m in ROW_METHODS if m not in ("all-high", "all-low", "nope")))
         assert len(matched) == 1, (arch, totals)
@@ -75,6 +75,9 @@ def test_md_csv_and_json_agree(smoke_table):
         rows = list(csv.DictReader(f))
     assert [r["method"] for r in rows] == [r["method"] for r in doc["rows"]]
     md = (out / "table1.md").read_text()
+    table = [ln for ln in md.splitlines() if ln.startswith("|")]
+    assert len(table) == 2 + len(doc["rows"])
+    assert len({ln.count("|") for ln in table}) == 1, "every md row has as many cells as the header"
     for csv_row, json_row in zip(rows, doc["rows"]):
         assert csv_row["scale"] == "smoke" and csv_row["git_commit"] == doc["git_commit"]
         for arch in ARCHS:

@@ -259,9 +259,10 @@ def run_table1(
         f"extra budgets)")
     train_jobs(stage2, datamodules, settings.accelerator, workers, label="table1", progress=progress)
 
-    def load(plan: ArchPlan, runs_dir: Path, name: str) -> dict[str, Any]:
-        from repro.files import read_json
+    from repro.alloc.training_runs import mean_last
+    from repro.files import read_json
 
+    def load(runs_dir: Path, name: str) -> dict[str, Any]:
         return read_json(runs_dir / f"{name}.json", "run result")
 
     for arch, d in arch_data.items():
@@ -271,13 +272,12 @@ def run_table1(
             seeds = settings.sweep_seeds if "sweep_k" in a.record else settings.seeds
             for seed in seeds:
                 name = widths_name(a.widths, seed)
-                d["runs"][name] = load(plan, plan.runs_dir, name)
+                d["runs"][name] = load(plan.runs_dir, name)
         if d["pairs"]:
             ps = psettings[arch]
-            from repro.alloc.training_runs import mean_last
 
             def loss(name: str) -> float:
-                return mean_last(load(plan, plan.out / "profile_target", name)["val_curve"], ps.last_n, name)
+                return mean_last(load(plan.out / "profile_target", name)["val_curve"], ps.last_n, name)
 
             measured = {p: statistics.fmean(loss(run_name([], s)) - loss(run_name(sorted(p), s)) for s in ps.seeds)
                         for p in d["pairs"]}

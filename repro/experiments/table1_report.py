@@ -61,8 +61,8 @@ def arch_columns(d: dict[str, Any], method: str, seeds: tuple[int, ...]) -> dict
     cost = _accounting(plan, allocs[0].widths)
     p = plan.arch
     return {
-        f"{p}_high_layers": " | ".join(",".join(map(str, a.high_layers)) or "-" for a in allocs),
-        f"{p}_widths": " | ".join(" ".join(map(str, a.widths)) for a in allocs),
+        f"{p}_high_layers": "; ".join(",".join(map(str, a.high_layers)) or "-" for a in allocs),
+        f"{p}_widths": "; ".join(" ".join(map(str, a.widths)) for a in allocs),
         f"{p}_mean_level": allocs[0].mean_level,
         f"{p}_loss_mean": mean,
         f"{p}_loss_std": std,
