@@ -10,6 +10,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import COLUMN_WIDTH_IN, load_table1, plt, save, style  # noqa: E402
 
 
+def place_labels(ax, points, xs, ys) -> None:
+    """Label every point with its methods in one column right of the points, spread apart
+    vertically (never overlapping) and joined to their point by a thin line."""
+    span = (max(ys) - min(ys)) or 1.0
+    gap = 0.05 * span
+    x_span = (max(xs) - min(xs)) or 1.0
+    x_text = max(xs) + 0.12 * x_span
+    order = sorted(range(len(points)), key=lambda i: ys[i])
+    placed: list[float] = []
+    for i in order:
+        placed.append(ys[i] if not placed else max(ys[i], placed[-1] + gap))
+    shift = max(0.0, placed[-1] - max(ys)) / 2  # centre the column on the points
+    for i, y in zip(order, placed):
+        label = ", ".join(points[i]["methods"][:3]) + ("…" if len(points[i]["methods"]) > 3 else "")
+        ax.annotate(label, (xs[i], ys[i]), xytext=(x_text, y - shift), textcoords="data", ha="left",
+                    va="center", fontsize=5, arrowprops={"arrowstyle": "-", "lw": 0.3, "color": "gray"})
+    ax.set_xlim(min(xs) - 0.08 * x_span, max(xs) + 0.55 * x_span)
+
+
 def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> list[Path]:
     doc = load_table1(results, "quality_storage_compute")
     if doc is None:
@@ -21,7 +40,7 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
     a = doc["architectures"]["mla"]
     points, front = a["storage_points"], a["pareto_front"]
     bpe = a.get("bytes_per_elem", 2)
-    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH_IN + 0.6, 2.9))
+    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH_IN + 0.6, 3.4))
     xs = [p["kv_bytes_per_token"] for p in points]
     ys = [p["loss_mean"] for p in points]
     flops = [p["attention_flops_per_token"] / 1e6 for p in points]
@@ -31,13 +50,7 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
     fx = [xs[i] for i in front]
     fy = [ys[i] for i in front]
     ax.step(fx, fy, where="post", color="tab:red", lw=1.0, zorder=3, label="Pareto front")
-    order = sorted(range(len(points)), key=lambda i: (xs[i], ys[i]))
-    for rank, i in enumerate(order):  # alternate sides so that labels of neighbouring points do not collide
-        p = points[i]
-        label = ", ".join(p["methods"][:3]) + ("…" if len(p["methods"]) > 3 else "")
-        left = rank % 2 == 1
-        ax.annotate(label, (xs[i], ys[i]), textcoords="offset points", xytext=(-3 if left else 3, 2),
-                    ha="right" if left else "left", fontsize=5)
+    place_labels(ax, points, xs, ys)
     cb = fig.colorbar(sc, ax=ax)
     cb.set_label(f"attention FLOPs per token (millions, context {a.get('context', '?')})")
     ax.set_xlabel(f"KV cache per token (bytes, {bpe} B/element, all layers)")

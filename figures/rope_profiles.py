@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ARCH_TITLE, TEXT_WIDTH_IN, load_json, load_table1, plt, save, style  # noqa: E402
+from _common import TEXT_WIDTH_IN, load_json, load_table1, plt, save, style  # noqa: E402
 
 
 def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> list[Path]:
@@ -18,7 +18,7 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
         return []
     style()
     archs = list(doc["architectures"])
-    fig, axes = plt.subplots(len(archs), 2, figsize=(TEXT_WIDTH_IN, 2.3 * len(archs)), squeeze=False)
+    fig, axes = plt.subplots(len(archs), 2, figsize=(TEXT_WIDTH_IN, 2.3 * len(archs) + 0.5), squeeze=False)
     for row, arch in zip(axes, archs):
         a = doc["architectures"][arch]
         paths = a["profiles"]
@@ -42,8 +42,7 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
         ax.set_xticks(x)
         ax.set_xlabel("layer (target model)")
         ax.set_ylabel("coverage benefit (nats)")
-        ax.set_title(f"{ARCH_TITLE[arch]}: coverage benefit, {target['meta']['steps']}-step runs")
-        ax.legend(frameon=False, loc="best")
+        ax.set_title(f"{arch.upper()}: coverage benefit ({target['meta']['steps']}-step runs, ± std over seeds)")
         ax = row[1]
         ax.bar(x, phase_off["values"], color="tab:green", alpha=0.75, label="loss(phase off) - loss(reference)")
         k = a["k"]
@@ -57,8 +56,13 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
         ax.set_xticks(x)
         ax.set_xlabel("layer (target model)")
         ax.set_ylabel("loss increase (nats)")
-        ax.set_title(f"{ARCH_TITLE[arch]}: phase-off profile of the all-high reference")
-        ax.legend(frameon=False, loc="best")
+        ax.set_title(f"{arch.upper()}: phase-off profile of the all-high reference")
+    handles, labels = [], []
+    for ax in axes[-1]:
+        h, lab = ax.get_legend_handles_labels()
+        handles += h
+        labels += lab
+    fig.legend(handles, labels, loc="outside lower center", ncol=3, frameon=False)
     fig.suptitle(f"Which layers need position (scale {doc['scale']})")
     return save(fig, out, "rope_profiles")
 

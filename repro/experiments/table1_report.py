@@ -100,7 +100,8 @@ def storage_points(d: dict[str, Any], settings) -> list[dict[str, Any]]:
     out: dict[tuple[int, ...], dict[str, Any]] = {}
     for a in d["allocations"] + d["sweep"]:
         key = tuple(a.widths)
-        label = a.method + (f" r{a.record['draw']}" if "draw" in a.record else "")
+        label = a.method + (f" r{a.record['draw']}" if "draw" in a.record else "") \
+            + (f" (k={a.record['sweep_k']})" if "sweep_k" in a.record else "")
         if key in out:
             if label not in out[key]["methods"]:
                 out[key]["methods"].append(label)
@@ -163,6 +164,9 @@ def build_table(settings, arch_data: dict[str, dict[str, Any]], steps_override: 
             row.update(arch_columns(d, method, seeds))
         rows.append(row)
     archs: dict[str, Any] = {}
+    run_walls = [float(json.loads(f.read_text()).get("wall_s", 0.0))
+                 for d in arch_data.values() for sub in ("runs", "profile_target", "profile_source")
+                 for f in sorted((d["plan"].out / sub).glob("*.json"))]
     for arch, d in arch_data.items():
         plan = d["plan"]
         dm_block, dm_batch = plan.target.block_size, int(plan.target.data.get("batch_size", 0))
@@ -201,6 +205,8 @@ def build_table(settings, arch_data: dict[str, dict[str, Any]], steps_override: 
         "wall_s": wall_s,
         "runs_trained": trained,
         "runs_reused": reused,
+        "runs_total": len(run_walls),
+        "training_s_summed": sum(run_walls),  # every run's own wall time, summed (workers overlap them)
         "seeds": list(seeds),
         "steps_override": steps_override,
         "settings": {k: v for k, v in settings.to_dict().items()},
@@ -227,7 +233,9 @@ def to_markdown(doc: dict[str, Any]) -> str:
         "# Table 1: validation loss of budget-matched RoPE allocations trained from scratch",
         "",
         f"Scale `{doc['scale']}`, commit `{doc['git_commit']}`, created {doc['created']}, "
-        f"wall time {doc['wall_s'] / 60:.1f} min ({doc['runs_trained']} runs trained, {doc['runs_reused']} reused).",
+        f"wall time of this call {doc['wall_s'] / 60:.1f} min ({doc['runs_trained']} runs trained, "
+        f"{doc['runs_reused']} reused); the {doc['runs_total']} runs took {doc['training_s_summed'] / 60:.1f} min "
+        f"of training summed over runs ({doc['settings']['workers']} side by side).",
         f"Every row trained for seeds {doc['seeds']} ({a0['steps']} steps, {a0['tokens_per_run']:,} tokens per run); "
         "loss = final validation loss (mean ± std over seeds); Δ = paired difference to `uniform` (mean ± std over seeds).",
     ]
