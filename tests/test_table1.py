@@ -171,3 +171,25 @@ def test_source_deeper_than_target_is_rejected(tmp_path, capsys):
 
     with pytest.raises(ValueError, match="must be shallower"):
         make_plan(swapped, "mha", tmp_path)
+
+
+SETTINGS_FILES = sorted(p for p in SMOKE.parent.glob("*.yaml") if p.read_text().lstrip("#").find("\nscale:") >= 0
+                        or p.read_text().startswith("scale:"))
+
+
+@pytest.mark.parametrize("path", SETTINGS_FILES, ids=lambda p: p.name)
+def test_every_shipped_settings_file_plans_both_halves(path, tmp_path):
+    """The smoke, cpu and paper settings load, and their families pass every check of make_plan
+    (one family per architecture, shallower source, feasible budget, steps a multiple of eval_every)."""
+    from repro.alloc.budget import num_high_layers
+    from repro.experiments.table1 import make_plan
+
+    settings = load_table1_settings(path)
+    for arch in settings.architectures:
+        plan = make_plan(settings, arch, tmp_path)
+        assert plan.steps % plan.eval_every == 0
+        assert num_high_layers(plan.shape.n_layer, plan.levels) == plan.shape.n_layer // 3
+
+
+def test_the_shipped_settings_files_are_found():
+    assert {p.stem for p in SETTINGS_FILES} == {"smoke", "cpu", "paper", "paper_gpu_check"}
