@@ -1,5 +1,5 @@
 """Results files: atomic writes (a reader sees the old file or the whole new one, never half)
-and JSON reads that fail with the file's name and what is wrong."""
+and JSON/YAML reads that fail with the file's name and what is wrong."""
 
 from __future__ import annotations
 
@@ -43,3 +43,16 @@ def read_json(path: str | os.PathLike, what: str = "file") -> Any:
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{what} {str(path)!r} is not valid JSON: {exc}") from exc
+
+
+def read_yaml(path: str | os.PathLike, what: str = "file") -> Any:
+    """Parsed YAML of ``path``; a missing or malformed file is an error naming it."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} {str(path)!r} does not exist")
+    try:
+        return yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{what} {str(path)!r} is not valid YAML: {exc}") from exc

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from repro.files import write_text_atomic
+from repro.files import read_yaml, write_text_atomic
 from repro.models.config import GPTConfig
 
 LINKED_GPT_FIELDS = ("vocab_size", "block_size")
@@ -64,12 +64,7 @@ class RunConfig:
 
 def load_run_config(path: str | Path) -> RunConfig:
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"config file {str(path)!r} does not exist")
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ValueError(f"config file {str(path)!r} is not valid YAML: {exc}") from exc
+    doc = read_yaml(path, "config file")
     if not isinstance(doc, dict) or not isinstance(doc.get("model"), dict) or not isinstance(doc["model"].get("gpt"), dict):
         raise ValueError(f"config file {str(path)!r} has no model.gpt section; is it a repro fit config?")
     cfg = RunConfig(

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
+from repro.files import read_yaml
 
 SCALES = ("smoke", "cpu", "paper")
 ARCHITECTURES = ("mha", "mla")
@@ -96,12 +96,7 @@ def _tuples(values: dict[str, Any]) -> dict[str, Any]:
 
 def load_table1_settings(path: str | Path) -> Table1Settings:
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"table1 settings file {str(path)!r} does not exist")
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ValueError(f"table1 settings file {str(path)!r} is not valid YAML: {exc}") from exc
+    doc = read_yaml(path, "table1 settings file")
     if not isinstance(doc, dict):
         raise ValueError(f"table1 settings file {str(path)!r}: expected a mapping of settings")
     known = {f.name for f in fields(Table1Settings)} - {"path"}
