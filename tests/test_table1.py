@@ -29,10 +29,10 @@ def smoke_table(tmp_path_factory):
     mp.chdir(work)
     try:
         assert table1_main(["--settings", str(SMOKE), "--out", str(out)]) == 0
-        doc = json.loads((out / "table1.json").read_text())
-        yield {"work": work, "out": out, "doc": doc, "mp": mp}
     finally:
         mp.undo()
+    doc = json.loads((out / "table1.json").read_text())
+    return {"work": work, "out": out, "doc": doc}
 
 
 @pytest.mark.slow
@@ -90,8 +90,9 @@ def test_md_csv_and_json_agree(smoke_table):
 
 
 @pytest.mark.slow
-def test_a_second_call_reuses_every_run(smoke_table):
+def test_a_second_call_reuses_every_run(smoke_table, monkeypatch):
     out = smoke_table["out"]
+    monkeypatch.chdir(smoke_table["work"])
     results = sorted(out.rglob("runs/*.json")) + sorted(out.rglob("profile_*/*.json"))
     before = {p: p.stat().st_mtime_ns for p in results}
     assert table1_main(["--settings", str(SMOKE), "--out", str(out)]) == 0
@@ -193,3 +194,12 @@ def test_every_shipped_settings_file_plans_both_halves(path, tmp_path):
 
 def test_the_shipped_settings_files_are_found():
     assert {p.stem for p in SETTINGS_FILES} == {"smoke", "cpu", "paper", "paper_gpu_check"}
+
+
+def test_a_gpu_scale_on_a_machine_without_a_gpu_fails_before_any_run(tmp_path, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert table1_main(["--scale", "paper", "--out", str(tmp_path / "out")]) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -170,6 +170,17 @@ def sweep_allocations(plan: ArchPlan, settings: Table1Settings, benefit: LayerPr
 
 
 # ------------------------------------------------------------------------------------------- running
+def check_accelerator(accelerator: str) -> None:
+    """Fail before any run when the settings ask for a GPU that this machine does not have."""
+    import torch
+
+    if accelerator not in ("cpu", "gpu", "cuda"):
+        raise ValueError(f"accelerator={accelerator!r}: allowed 'cpu' or 'gpu'")
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise ValueError(f"accelerator={accelerator!r} but no CUDA GPU is visible here; run SCALE=paper on a GPU "
+                         "machine, or pass --accelerator cpu to force it onto the CPU")
+
+
 def run_table1(
     settings: Table1Settings,
     out: Path,
@@ -184,6 +195,7 @@ def run_table1(
     from .table1_report import build_table, write_table
 
     started = time.perf_counter()
+    check_accelerator(settings.accelerator)
     plans = [make_plan(settings, arch, out, steps) for arch in settings.architectures]
     datamodules: dict[str, Any] = {}
     for plan in plans:

@@ -117,7 +117,14 @@ def _resolve(config: str, base: Path) -> str:
     return str(base / p) if (base / p).is_file() else str(p)
 
 
-def settings_path(scale: str, root: str | Path = "paper_configs/table1") -> Path:
+def settings_path(scale: str, root: str | Path | None = None) -> Path:
+    """``<root>/<scale>.yaml``; root defaults to ``paper_configs/table1`` of the working folder, or
+    of the repository this package was installed from (editable install) when run elsewhere."""
     if scale not in SCALES:
         raise ValueError(f"SCALE={scale!r}: allowed {SCALES}")
+    if root is None:
+        root = Path("paper_configs/table1")
+        if not root.is_dir():
+            beside_package = Path(__file__).resolve().parents[2] / "paper_configs" / "table1"
+            root = beside_package if beside_package.is_dir() else root
     return Path(root) / f"{scale}.yaml"
