@@ -166,6 +166,22 @@ def _list_field(shape) -> str:
     return "rope_dims" if shape.attention == "mha" else "qk_rope_head_dim"
 
 
+def profile_settings_of(profile: LayerProfile) -> CoverageProfileSettings:
+    """The settings a coverage-benefit profile was measured with (from its meta)."""
+    meta = profile.meta
+    return CoverageProfileSettings(
+        steps=meta["steps"], seeds=tuple(meta["seeds"]), eval_every=meta["eval_every"], last_n=meta["last_n"],
+        schedule_steps=meta.get("schedule_steps"),
+    )
+
+
+def pair_specs(profile: LayerProfile, pairs: list[tuple[int, int]], with_base: bool = True) -> list[RunSpec]:
+    """The runs of benefit[i, j]: per seed, (the base run and) one run per pair with both layers high."""
+    sets = ([[]] if with_base else []) + [sorted(p) for p in pairs]
+    return specs_for_sets(sets, profile.n_layer, profile.meta["high_width"], profile.meta["low_width"],
+                          profile_settings_of(profile))
+
+
 def pair_benefits(
     run_config: RunConfig,
     profile: LayerProfile,
@@ -174,20 +190,14 @@ def pair_benefits(
     accelerator: str = "cpu",
     datamodule=None,
     workers: int = 1,
+    quiet: bool = False,
 ) -> dict[tuple[int, int], float]:
     """benefit[i, j] (both layers high) with the profile's own settings and seeds, reusing its base runs."""
-    meta = profile.meta
-    settings = CoverageProfileSettings(
-        steps=meta["steps"], seeds=tuple(meta["seeds"]), eval_every=meta["eval_every"], last_n=meta["last_n"],
-        schedule_steps=meta.get("schedule_steps"),
-    )
-    n_layer = profile.n_layer
+    settings = profile_settings_of(profile)
     datamodule = datamodule or run_config.datamodule()
     datamodule.setup("fit")
-    sets = [[]] + [sorted(p) for p in pairs]
-    specs = specs_for_sets(sets, n_layer, meta["high_width"], meta["low_width"], settings)
-    results = run_losses(run_config, specs, runs_dir, datamodule, settings.last_n, accelerator, label="interactions",
-                         workers=workers)
+    results = run_losses(run_config, pair_specs(profile, pairs), runs_dir, datamodule, settings.last_n, accelerator,
+                         label="interactions", workers=workers, quiet=quiet)
     out = {}
     for i, j in pairs:
         gains = [results[run_name([], s)]["loss"] - results[run_name([i, j], s)]["loss"] for s in settings.seeds]

@@ -99,9 +99,8 @@ def train_run(
     runs_dir.mkdir(parents=True, exist_ok=True)
     result_path = runs_dir / f"{spec.name}.json"
     fp = fingerprint(run_config, spec)
-    finished = load_finished(result_path, fp)
-    if finished is not None and (not spec.save_checkpoint or (runs_dir / f"{spec.name}.ckpt").is_file()):
-        finished["reused"] = True
+    finished = reusable_result(run_config, spec, runs_dir)
+    if finished is not None:
         return finished
 
     start = time.perf_counter()
@@ -163,7 +162,8 @@ def train_run(
 _WORKER: dict[str, Any] = {}
 
 
-def _data_key(data_args: dict[str, Any]) -> str:
+def data_key(data_args: dict[str, Any]) -> str:
+    """The key of a data setting in the ``datamodules`` map of ``train_jobs``."""
     return json.dumps(data_args, sort_keys=True, default=str)
 
 
@@ -178,7 +178,7 @@ def _worker_datamodule(data_args: dict[str, Any]):
     """One datamodule per data setting and worker (it loads the tokenizer and tokens the parent cached)."""
     from repro.data import TextDataModule
 
-    key = _data_key(data_args)
+    key = data_key(data_args)
     if key not in _WORKER["datamodules"]:
         datamodule = TextDataModule(**data_args)
         datamodule.setup("fit")
@@ -238,7 +238,7 @@ def train_jobs(
     results: dict[str, dict[str, Any]] = {}
     pending = []
     for job in jobs:  # finished runs are reused here, without starting a worker for them
-        finished = _reusable(job)
+        finished = reusable_result(job.run_config, job.spec, job.runs_dir)
         if finished is not None:
             results[job.key] = finished
             progress.update(job.spec.name, finished)
@@ -246,7 +246,7 @@ def train_jobs(
             pending.append(job)
     if not parallel or len(pending) <= 1:
         for job in pending:
-            datamodule = datamodules[_data_key(job.data_args)]
+            datamodule = datamodules[data_key(job.data_args)]
             results[job.key] = train_run(job.run_config, job.spec, job.runs_dir, datamodule, accelerator, threads)
             progress.update(job.spec.name, results[job.key])
         return {key: results[key] for key in keys}
@@ -270,18 +270,13 @@ def train_jobs(
     return {key: results[key] for key in keys}
 
 
-def _reusable(job: RunJob) -> dict[str, Any] | None:
-    spec = job.spec
-    finished = load_finished(job.runs_dir / f"{spec.name}.json", fingerprint(job.run_config, spec))
-    if finished is None or (spec.save_checkpoint and not (job.runs_dir / f"{spec.name}.ckpt").is_file()):
+def reusable_result(run_config: RunConfig, spec: RunSpec, runs_dir: Path) -> dict[str, Any] | None:
+    """The finished result of this run (marked ``reused``), or None when it must be trained."""
+    finished = load_finished(runs_dir / f"{spec.name}.json", fingerprint(run_config, spec))
+    if finished is None or (spec.save_checkpoint and not (runs_dir / f"{spec.name}.ckpt").is_file()):
         return None
     finished["reused"] = True
     return finished
-
-
-def data_key(data_args: dict[str, Any]) -> str:
-    """The key of a data setting in the ``datamodules`` map of ``train_jobs``."""
-    return _data_key(data_args)
 
 
 def train_runs(
@@ -302,7 +297,7 @@ def train_runs(
     data_args = dict(datamodule.hparams)
     jobs = [RunJob(run_config, spec, runs_dir, data_args) for spec in specs]
     progress = Progress(len(jobs), label, workers, quiet=True) if quiet else None
-    results = train_jobs(jobs, {_data_key(data_args): datamodule}, accelerator, workers, threads, label, progress)
+    results = train_jobs(jobs, {data_key(data_args): datamodule}, accelerator, workers, threads, label, progress)
     return {job.spec.name: results[job.key] for job in jobs}
 
 

@@ -17,7 +17,6 @@ run found there is reused, so an interrupted reproduction continues where it sto
 
 from __future__ import annotations
 
-import statistics
 import subprocess
 import sys
 import time
@@ -33,10 +32,12 @@ from repro.alloc.coverage_profile import (
     CoverageProfileSettings,
     coverage_benefit_profile,
     layer_groups,
+    pair_benefits,
+    pair_specs,
     specs_for_sets,
 )
 from repro.alloc.profile import LayerProfile
-from repro.alloc.training_runs import Progress, RunJob, RunSpec, data_key, run_name, train_jobs
+from repro.alloc.training_runs import Progress, RunJob, RunSpec, data_key, train_jobs
 from repro.run_config import RunConfig, load_run_config
 
 from .table1_settings import Table1Settings
@@ -209,19 +210,18 @@ def run_table1(
     stage1: list[RunJob] = []
     psettings = {}
     for plan in plans:
-        ps_t, ps_s = profile_settings(settings, plan), profile_settings(settings, plan)
-        psettings[plan.arch] = ps_t
+        ps = psettings[plan.arch] = profile_settings(settings, plan)  # the same for source and target
         stage1 += [RunJob(plan.target, row_spec(plan, reference_widths(plan), settings.seeds[0], reference=True),
                           plan.runs_dir, dict(plan.target.data))]
-        stage1 += profile_jobs(plan, plan.target, plan.out / "profile_target", ps_t)
-        stage1 += profile_jobs(plan, plan.source, plan.out / "profile_source", ps_s)
+        stage1 += profile_jobs(plan, plan.target, plan.out / "profile_target", ps)
+        stage1 += profile_jobs(plan, plan.source, plan.out / "profile_source", ps)
     estimate_rows = sum(len(ROW_METHODS) + settings.random_draws - 1 for _ in plans) * len(settings.seeds)
     workers = settings.workers if settings.accelerator == "cpu" else 1
     progress = Progress(len(stage1) + estimate_rows, "table1", workers,
                         total_steps=sum(j.spec.steps for j in stage1) + estimate_rows * plans[0].steps)
     log(f"[table1] scale={settings.scale}: stage 1 of 2, {len(stage1)} profile and reference runs "
         f"({', '.join(settings.architectures)}); about {estimate_rows} row runs follow")
-    train_jobs(stage1, datamodules, settings.accelerator, workers, label="table1", progress=progress)
+    results = train_jobs(stage1, datamodules, settings.accelerator, workers, label="table1", progress=progress)
 
     # profiles, transfer, allocations
     import torch
@@ -261,46 +261,32 @@ def run_table1(
             for seed in settings.sweep_seeds:
                 specs.setdefault(widths_name(a.widths, seed), row_spec(plan, a.widths, seed))
         stage2 += [RunJob(plan.target, spec, plan.runs_dir, dict(plan.target.data)) for spec in specs.values()]
-        pair_specs = specs_for_sets([sorted(p) for p in pairs], plan.shape.n_layer, benefit.meta["high_width"],
-                                    benefit.meta["low_width"], psettings[plan.arch])
-        stage2 += [RunJob(plan.target, s, plan.out / "profile_target", dict(plan.target.data)) for s in pair_specs]
+        stage2 += [RunJob(plan.target, s, plan.out / "profile_target", dict(plan.target.data))
+                   for s in pair_specs(benefit, pairs, with_base=False)]
     stage2 = [j for j in stage2 if j.key not in {s.key for s in stage1}]  # the reference is done
     progress.extend(len(stage2) - estimate_rows,
                     sum(j.spec.steps for j in stage2) - estimate_rows * plans[0].steps)
     log(f"[table1] stage 2 of 2: {len(stage2)} runs (every row x {len(settings.seeds)} seeds, interaction pairs, "
         f"extra budgets)")
-    train_jobs(stage2, datamodules, settings.accelerator, workers, label="table1", progress=progress)
+    results.update(train_jobs(stage2, datamodules, settings.accelerator, workers, label="table1", progress=progress))
 
-    from repro.alloc.training_runs import mean_last
-    from repro.files import read_json
-
-    def load(runs_dir: Path, name: str) -> dict[str, Any]:
-        return read_json(runs_dir / f"{name}.json", "run result")
-
-    for arch, d in arch_data.items():
+    for d in arch_data.values():
         plan = d["plan"]
         d["runs"] = {}
         for a in d["allocations"] + d["sweep"]:
-            seeds = settings.sweep_seeds if "sweep_k" in a.record else settings.seeds
-            for seed in seeds:
+            for seed in (settings.sweep_seeds if "sweep_k" in a.record else settings.seeds):
                 name = widths_name(a.widths, seed)
-                d["runs"][name] = load(plan.runs_dir, name)
-        if d["pairs"]:
-            ps = psettings[arch]
-
-            def loss(name: str) -> float:
-                return mean_last(load(plan.out / "profile_target", name)["val_curve"], ps.last_n, name)
-
-            measured = {p: statistics.fmean(loss(run_name([], s)) - loss(run_name(sorted(p), s)) for s in ps.seeds)
-                        for p in d["pairs"]}
-            d["interactions"] = interaction_terms(d["benefit"].values, measured)
-        else:
-            d["interactions"] = []
+                d["runs"][name] = results[str(plan.runs_dir / name)]
+        measured = pair_benefits(plan.target, d["benefit"], d["pairs"], plan.out / "profile_target",
+                                 settings.accelerator, datamodules[data_key(dict(plan.target.data))], quiet=True) \
+            if d["pairs"] else {}
+        d["interactions"] = interaction_terms(d["benefit"].values, measured)
 
     wall = time.perf_counter() - started
     doc = build_table(settings, arch_data, steps_override=steps, wall_s=wall, commit=git_commit(),
                       created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                      trained=progress.trained, reused=progress.done - progress.trained)
+                      trained=progress.trained, reused=progress.done - progress.trained,
+                      run_walls=[float(r["wall_s"]) for r in results.values()])
     write_table(doc, out)
     log(f"[table1] wrote {out}/table1.md, .csv, .json in {wall:.0f}s ({progress.trained} runs trained, "
         f"{progress.done - progress.trained} reused)")

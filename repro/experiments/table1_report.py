@@ -109,7 +109,7 @@ def storage_points(d: dict[str, Any], settings) -> list[dict[str, Any]]:
         seeds = [s for s in settings.seeds + settings.sweep_seeds if _widths_name(a.widths, s) in runs]
         losses = [final_loss(runs[_widths_name(a.widths, s)]) for s in sorted(set(seeds))]
         mean, std = _mean_std(losses)
-        total = account_model(plan.target.gpt_config(1, **{("rope_dims" if plan.arch == "mha" else "qk_rope_head_dim"): a.widths}))["total"]
+        total = _accounting(plan, a.widths)
         out[key] = {"widths": list(a.widths), "methods": [label], "k": len(a.high_layers) if a.method != "uniform" else None,
                     "budget": a.levels["budget"] if a.budget_matched else None, "mean_width": a.mean_width,
                     "kv_bytes_per_token": total["kv_cache_bytes"], "kv_elements_per_token": total["kv_cache_elements"],
@@ -152,7 +152,8 @@ def analysis(d: dict[str, Any], seeds: tuple[int, ...]) -> dict[str, Any]:
 
 
 def build_table(settings, arch_data: dict[str, dict[str, Any]], steps_override: int | None, wall_s: float,
-                commit: str, created: str, trained: int, reused: int) -> dict[str, Any]:
+                commit: str, created: str, trained: int, reused: int, run_walls: list[float]) -> dict[str, Any]:
+    """The table document; ``run_walls``: the own wall time of every run of this call (trained or reused)."""
     from .table1 import ROW_METHODS
 
     seeds = tuple(settings.seeds)
@@ -164,9 +165,6 @@ def build_table(settings, arch_data: dict[str, dict[str, Any]], steps_override: 
             row.update(arch_columns(d, method, seeds))
         rows.append(row)
     archs: dict[str, Any] = {}
-    run_walls = [float(json.loads(f.read_text()).get("wall_s", 0.0))
-                 for d in arch_data.values() for sub in ("runs", "profile_target", "profile_source")
-                 for f in sorted((d["plan"].out / sub).glob("*.json"))]
     for arch, d in arch_data.items():
         plan = d["plan"]
         dm_block, dm_batch = plan.target.block_size, int(plan.target.data.get("batch_size", 0))
