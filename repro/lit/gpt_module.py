@@ -13,11 +13,38 @@ from torchmetrics import MeanMetric
 from torchmetrics.text import Perplexity
 
 from repro.models import GPT, GPTConfig
+from repro.pipeline.stage_protocol import StageParts
+
+
+class _EmbeddingPart(torch.nn.Module):
+    """The GPT's embedding as a pipeline part (token ids -> hidden states)."""
+
+    def __init__(self, gpt: GPT) -> None:
+        super().__init__()
+        self.wte, self.drop = gpt.wte, gpt.drop
+        self._gpt = [gpt]  # not a submodule
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self._gpt[0].embed(idx)
+
+
+class _HeadPart(torch.nn.Module):
+    """The GPT's final norm and output head as a pipeline part (hidden states -> logits)."""
+
+    def __init__(self, gpt: GPT) -> None:
+        super().__init__()
+        self.norm_f, self.lm_head = gpt.norm_f, gpt.lm_head
+        self._gpt = [gpt]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._gpt[0].head(x)
 
 
 @dataclass
 class OptimConfig:
-    lr: float = 3e-3  # peak learning rate of AdamW
+    name: Literal["adamw", "sgd"] = "adamw"  # optimizer: AdamW, or SGD with momentum (Clapping's theory)
+    momentum: float = 0.9  # SGD momentum m (0 = plain SGD); ignored by AdamW
+    lr: float = 3e-3  # peak learning rate
     weight_decay: float = 0.1  # decoupled weight decay on matrices (not on norms, biases)
     beta1: float = 0.9  # AdamW beta1
     beta2: float = 0.95  # AdamW beta2
@@ -28,6 +55,10 @@ class OptimConfig:
     min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
 
     def __post_init__(self) -> None:
+        if self.name not in ("adamw", "sgd"):
+            raise ValueError(f"optim.name={self.name!r}: allowed values are ('adamw', 'sgd')")
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"optim.momentum={self.momentum!r}: must be in [0, 1)")
         if not self.lr > 0:
             raise ValueError(f"optim.lr={self.lr!r}: must be > 0")
         if self.weight_decay < 0:
@@ -84,6 +115,32 @@ class GPTLightningModule(L.LightningModule):
         self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
         return loss
 
+    # ------------------------------------------------------------------ pipeline stage protocol
+    def pipeline_parts(self) -> StageParts:
+        """Embedding, the blocks, and final norm + head (strategy='clapping' splits them)."""
+        return StageParts(first=_EmbeddingPart(self.model), layers=list(self.model.blocks), last=_HeadPart(self.model))
+
+    def pipeline_input(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return batch["input_ids"]
+
+    def pipeline_loss(self, output: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.model.loss(output, batch["targets"])
+
+    def pipeline_log(self, split: str, loss: torch.Tensor, batch: dict[str, torch.Tensor]) -> None:
+        """Log a pipeline step's loss (the same value on every rank)."""
+        if split == "train":
+            self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+            return
+        n_tokens = int((batch["targets"] != -100).sum())
+        self.val_loss.update(loss, weight=n_tokens)
+        # perplexity = exp(mean token NLL): the metric's state is the NLL sum and the token count
+        self.val_ppl.total_log_probs += loss.detach().double().to(self.val_ppl.total_log_probs.device) * n_tokens
+        self.val_ppl.count += n_tokens
+        self.val_ppl._update_count += 1
+        self.val_ppl._computed = None
+        self.log(f"{split}/loss", self.val_loss, on_step=False, on_epoch=True, prog_bar=True)
+        self.log(f"{split}/ppl", self.val_ppl, on_step=False, on_epoch=True)
+
     def _evaluate(self, batch: dict[str, torch.Tensor], prefix: str) -> torch.Tensor:
         logits, loss = self.model(batch["input_ids"], batch["targets"])
         self.val_loss.update(loss, weight=batch["targets"].numel())
@@ -104,12 +161,11 @@ class GPTLightningModule(L.LightningModule):
         for p in self.model.parameters():
             if p.requires_grad:
                 (decay if p.dim() >= 2 else no_decay).append(p)
-        optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=cfg.lr,
-            betas=(cfg.beta1, cfg.beta2),
-            eps=cfg.eps,
-        )
+        groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        if cfg.name == "sgd":
+            optimizer = torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
+        else:
+            optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
         total = cfg.decay_steps
         if total is None:
             total = int(self.trainer.estimated_stepping_batches) if self._trainer is not None else 1

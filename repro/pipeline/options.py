@@ -1,0 +1,84 @@
+"""The options of the Clapping pipeline strategy, validated before anything starts."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+from .compressors import Compressor, build_compressor
+from .methods import METHODS
+from .sample_buffers import SAMPLE_STORAGE
+from .schedule import SCHEDULES
+
+
+@dataclass
+class PipelineOptions:
+    stages: int | None = None  # pipeline stages K; None = the number of processes (devices x nodes)
+    layers_per_stage: Sequence[int] | None = None  # explicit layer count per stage; None = as even as possible
+    micro_batches: int = 4  # M micro-batches per batch (the batch size must divide by M)
+    schedule: str = "gpipe"  # 'gpipe' (all forwards, then all backwards) or '1f1b'
+    method: str = "none"  # none | direct | ef21 | aqsgd | clapping_fc | clapping_fu
+    fwd_compressor: str = "identity"  # compressor of activations: identity, fp16, bf16, topk(r), randk(r), quant(bits)
+    bwd_compressor: str = "identity"  # compressor of activation gradients (same choices)
+    p: float = 1.0  # lazy sampling: probability that a step draws a fresh batch, in (0, 1]; 1 = ordinary sampling
+    sampler_seed: int | None = None  # seed of the shuffle and the lazy coins; None = the datamodule's shuffle_seed (or 0)
+    compression_seed: int = 0  # base seed of the per-message seeds (randk entries, stochastic rounding)
+    warmup_epochs: int = 1  # aqsgd: epochs sent uncompressed while the per-sample buffers fill
+    aqsgd_num_samples: int | None = None  # aqsgd: N rows per buffer; None = the training set's size
+    aqsgd_storage: str = "memory"  # aqsgd buffers: 'memory' or 'memmap' (files under aqsgd_dir)
+    aqsgd_dir: str | None = None  # aqsgd: directory of the memmap files
+    sample_id_key: str = "sample_id"  # batch key of the sample ids (aqsgd)
+    bandwidth_mbps: float | None = None  # emulated link speed: each send waits bytes*8/bandwidth s; None = off
+    timeout_s: float = 300.0  # seconds any receive or collective may wait before the rank gives up
+
+    def __post_init__(self) -> None:
+        def positive_int(name, value, allow_none=False):
+            if value is None and allow_none:
+                return
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"strategy {name}={value!r}: must be a positive integer{' or null' if allow_none else ''}")
+
+        positive_int("stages", self.stages, allow_none=True)
+        positive_int("micro_batches", self.micro_batches)
+        if self.layers_per_stage is not None:
+            counts = list(self.layers_per_stage)
+            if not counts or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in counts):
+                raise ValueError(f"strategy layers_per_stage={self.layers_per_stage!r}: must be a list of integers >= 1")
+            self.layers_per_stage = counts
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"strategy schedule={self.schedule!r}: allowed values are {SCHEDULES}")
+        if self.method not in METHODS:
+            raise ValueError(f"strategy method={self.method!r}: allowed values are {METHODS}")
+        self.fwd = build_compressor(self.fwd_compressor, "strategy fwd_compressor")
+        self.bwd = build_compressor(self.bwd_compressor, "strategy bwd_compressor")
+        if self.method == "none" and not (self.fwd.is_identity and self.bwd.is_identity):
+            raise ValueError(
+                f"strategy method='none' sends exact messages, but fwd_compressor={self.fwd_compressor!r}, "
+                f"bwd_compressor={self.bwd_compressor!r}; use method='direct' (or another) to compress"
+            )
+        if isinstance(self.p, bool) or not isinstance(self.p, (int, float)) or not 0.0 < float(self.p) <= 1.0:
+            raise ValueError(f"strategy p={self.p!r}: the lazy-sampling probability must be in (0, 1]")
+        self.p = float(self.p)
+        if isinstance(self.warmup_epochs, bool) or not isinstance(self.warmup_epochs, int) or self.warmup_epochs < 0:
+            raise ValueError(f"strategy warmup_epochs={self.warmup_epochs!r}: must be an integer >= 0")
+        positive_int("aqsgd_num_samples", self.aqsgd_num_samples, allow_none=True)
+        if self.aqsgd_storage not in SAMPLE_STORAGE:
+            raise ValueError(f"strategy aqsgd_storage={self.aqsgd_storage!r}: allowed values are {SAMPLE_STORAGE}")
+        if self.method == "aqsgd" and self.aqsgd_storage == "memmap" and not self.aqsgd_dir:
+            raise ValueError("strategy aqsgd_storage='memmap' needs aqsgd_dir (a directory for the buffer files)")
+        if self.bandwidth_mbps is not None and (
+            isinstance(self.bandwidth_mbps, bool) or not isinstance(self.bandwidth_mbps, (int, float)) or self.bandwidth_mbps <= 0
+        ):
+            raise ValueError(f"strategy bandwidth_mbps={self.bandwidth_mbps!r}: must be > 0 or null")
+        if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or self.timeout_s <= 0:
+            raise ValueError(f"strategy timeout_s={self.timeout_s!r}: must be > 0")
+
+    @property
+    def compressors(self) -> dict[str, Compressor]:
+        return {"fwd": self.fwd, "bwd": self.bwd}
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        out["fwd_compressor"] = self.fwd.spec
+        out["bwd_compressor"] = self.bwd.spec
+        return out

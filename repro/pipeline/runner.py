@@ -1,0 +1,234 @@
+"""Runs one stage's part of a training or evaluation step: the schedule's forwards and backwards,
+with the messages of each boundary encoded, sent, received and decoded.
+
+Message tags: payload of micro-batch ``m`` -> ``2m``, its shape header -> ``2m + 1``. A header is
+sent only the first time a micro-batch signature (the shapes and dtypes of its tensors, known to
+every rank since every rank sees the same batch) is seen; the receiver caches the shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from .compressors import Payload
+from .methods import ChannelCodec, MessageContext
+from .p2p import StageLinks
+from .schedule import Action, forward_schedule
+from .stage_protocol import StageSplit
+
+
+@dataclass
+class DirectionStats:
+    """What one direction of one boundary sent during a step (sender side)."""
+
+    payload_bytes: int = 0  # bytes sent
+    raw_bytes: int = 0  # bytes the exact message would take (method none)
+    error_sq: float = 0.0  # sum over messages of ||x_hat - x||^2
+    norm_sq: float = 0.0  # sum over messages of ||x||^2
+    rel_error_sum: float = 0.0  # sum over messages of ||x_hat - x|| / ||x||
+    messages: int = 0
+
+
+@dataclass
+class StepStats:
+    fwd: DirectionStats = field(default_factory=DirectionStats)  # boundary stage -> stage+1 (this rank sends)
+    bwd: DirectionStats = field(default_factory=DirectionStats)  # boundary stage-1 <- stage (this rank sends)
+
+
+def batch_signature(batch: Any) -> tuple:
+    if isinstance(batch, torch.Tensor):
+        return (tuple(batch.shape), str(batch.dtype))
+    if isinstance(batch, dict):
+        return tuple((k, batch_signature(v)) for k, v in sorted(batch.items()))
+    if isinstance(batch, (list, tuple)):
+        return tuple(batch_signature(v) for v in batch)
+    return (type(batch).__name__,)
+
+
+def split_batch(batch: Any, chunks: int, equal: bool) -> list[Any]:
+    """Split every tensor of a batch along dim 0 into ``chunks`` micro-batches."""
+    size = _batch_size(batch)
+    if equal and size % chunks:
+        raise ValueError(
+            f"micro_batches={chunks}: the batch of {size} samples does not split into {chunks} equal micro-batches; "
+            f"use a batch size divisible by micro_batches"
+        )
+    chunks = min(chunks, size)
+
+    def cut(x):
+        if isinstance(x, torch.Tensor):
+            return list(torch.tensor_split(x, chunks, dim=0))
+        if isinstance(x, dict):
+            parts = {k: cut(v) for k, v in x.items()}
+            return [{k: parts[k][i] for k in x} for i in range(chunks)]
+        if isinstance(x, (list, tuple)):
+            parts = [cut(v) for v in x]
+            return [type(x)(p[i] for p in parts) for i in range(chunks)]
+        return [x] * chunks
+
+    return cut(batch)
+
+
+def _batch_size(batch: Any) -> int:
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0]
+    values = batch.values() if isinstance(batch, dict) else batch
+    for v in values:
+        if isinstance(v, (torch.Tensor, dict, list, tuple)):
+            return _batch_size(v)
+    raise ValueError("the batch holds no tensor to split into micro-batches")
+
+
+class StageRunner:
+    """Executes one rank's stage.
+
+    Args:
+        split: What this stage holds and how to run it.
+        links: The point-to-point transport.
+        codecs: {('fwd', 'send'), ('fwd', 'recv'), ('bwd', 'send'), ('bwd', 'recv')} -> ChannelCodec
+            (only those that exist for this stage).
+        input_fn: ``pipeline_input`` of the module.
+        loss_fn: ``pipeline_loss`` of the module.
+    """
+
+    def __init__(
+        self,
+        split: StageSplit,
+        links: StageLinks,
+        codecs: dict[tuple[str, str], ChannelCodec],
+        input_fn: Callable[[Any], torch.Tensor],
+        loss_fn: Callable[[torch.Tensor, Any], torch.Tensor],
+    ) -> None:
+        self.split = split
+        self.links = links
+        self.codecs = codecs
+        self.input_fn = input_fn
+        self.loss_fn = loss_fn
+        self.stage = split.stage
+        self.shapes: dict[tuple, tuple[tuple[int, ...], torch.dtype]] = {}  # signature -> input message (shape, dtype)
+        self.sent_signatures: set[tuple] = set()
+
+    # ------------------------------------------------------------------ receiving
+    def _input_shape(self, signature: tuple, m: int) -> tuple[tuple[int, ...], torch.dtype]:
+        if signature not in self.shapes:
+            self.shapes[signature] = self.links.recv_header(self.stage - 1, "fwd", 2 * m + 1, f"shape header {m}")
+        return self.shapes[signature]
+
+    def _send_forward(self, y: torch.Tensor, m: int, signature: tuple, codec: ChannelCodec | None, ctx, stats):
+        if signature not in self.sent_signatures:
+            self.links.send_header(tuple(y.shape), y.dtype, self.stage + 1, "fwd", 2 * m + 1)
+            self.sent_signatures.add(signature)
+        self._send(y, m, "fwd", self.stage + 1, codec, ctx, stats.fwd if stats else None)
+
+    def _send(self, x: torch.Tensor, m: int, direction: str, dst: int, codec, ctx, stats) -> None:
+        x = x.detach()
+        if codec is None:  # evaluation: exact messages
+            payload_data = x.contiguous().reshape(-1).view(torch.uint8)
+            self.links.send(payload_data, dst, direction, 2 * m)
+            return
+        payload, x_hat = codec.encode(x, m, ctx)
+        self.links.send(payload.data, dst, direction, 2 * m)
+        if stats is not None:
+            stats.payload_bytes += payload.nbytes
+            stats.raw_bytes += x.numel() * x.element_size()
+            err = float((x_hat.float() - x.float()).pow(2).sum())
+            norm = float(x.float().pow(2).sum())
+            stats.error_sq += err
+            stats.norm_sq += norm
+            stats.rel_error_sum += (err**0.5) / max(norm**0.5, 1e-30)
+            stats.messages += 1
+
+    # ------------------------------------------------------------------ steps
+    def train_step(
+        self, micro_batches: list[Any], contexts: list[MessageContext], schedule: list[Action], loss_scale: float
+    ) -> tuple[torch.Tensor | None, StepStats]:
+        """Run the schedule; gradients accumulate into the parameters' ``.grad``. Returns the sum
+        of the micro-batch losses (last stage; ``None`` elsewhere) and what this rank sent."""
+        stats = StepStats()
+        split, links = self.split, self.links
+        signatures = [batch_signature(mb) for mb in micro_batches]
+        fwd_recv = self.codecs.get(("fwd", "recv"))
+        bwd_recv = self.codecs.get(("bwd", "recv"))
+        fwd_send = self.codecs.get(("fwd", "send"))
+        bwd_send = self.codecs.get(("bwd", "send"))
+
+        pending_in: dict[int, Any] = {}
+        if not split.is_first:  # post every input receive whose size is known
+            for m, sig in enumerate(signatures):
+                if sig in self.shapes:
+                    shape, dtype = self.shapes[sig]
+                    nbytes = fwd_recv.payload_nbytes(shape, dtype, m, contexts[m])
+                    pending_in[m] = links.recv(nbytes, self.stage - 1, "fwd", 2 * m, f"activation {m}")
+        pending_grad: dict[int, Any] = {}
+        inputs: dict[int, torch.Tensor] = {}
+        outputs: dict[int, torch.Tensor] = {}
+        loss_sum: torch.Tensor | None = None
+
+        for action in schedule:
+            m = action.micro_batch
+            if action.kind == "F":
+                if split.is_first:
+                    x = self.input_fn(micro_batches[m])
+                else:
+                    shape, dtype = self._input_shape(signatures[m], m)
+                    if m not in pending_in:
+                        nbytes = fwd_recv.payload_nbytes(shape, dtype, m, contexts[m])
+                        pending_in[m] = links.recv(nbytes, self.stage - 1, "fwd", 2 * m, f"activation {m}")
+                    data = pending_in.pop(m).wait()
+                    x = fwd_recv.decode(Payload(data), shape, dtype, m, contexts[m]).detach().requires_grad_(True)
+                y = split.forward(x)
+                inputs[m] = x
+                if split.is_last:
+                    loss = self.loss_fn(y, micro_batches[m])
+                    outputs[m] = loss
+                    loss_sum = loss.detach().float() if loss_sum is None else loss_sum + loss.detach().float()
+                else:
+                    outputs[m] = y
+                    self._send_forward(y, m, signatures[m], fwd_send, contexts[m], stats)
+                    nbytes = bwd_recv.payload_nbytes(tuple(y.shape), y.dtype, m, contexts[m])
+                    pending_grad[m] = links.recv(nbytes, self.stage + 1, "bwd", 2 * m, f"gradient {m}")
+            else:
+                out = outputs.pop(m)
+                if split.is_last:
+                    (out * loss_scale).backward()
+                else:
+                    data = pending_grad.pop(m).wait()
+                    g = bwd_recv.decode(Payload(data), tuple(out.shape), out.dtype, m, contexts[m])
+                    out.backward(g)
+                x = inputs.pop(m)
+                if not split.is_first:
+                    grad = x.grad if x.grad is not None else torch.zeros_like(x)
+                    self._send(grad, m, "bwd", self.stage - 1, bwd_send, contexts[m], stats.bwd)
+        links.finish_sends()
+        return loss_sum, stats
+
+    @torch.no_grad()
+    def eval_step(self, micro_batches: list[Any]) -> tuple[torch.Tensor | None, int]:
+        """Forward only, exact messages. Returns (sum over micro-batches of loss * size, samples)."""
+        split, links = self.split, self.links
+        total: torch.Tensor | None = None
+        count = 0
+        for action in forward_schedule(len(micro_batches)):
+            m = action.micro_batch
+            mb = micro_batches[m]
+            sig = batch_signature(mb)
+            if split.is_first:
+                x = self.input_fn(mb)
+            else:
+                shape, dtype = self._input_shape(sig, m)
+                nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+                data = links.recv(nbytes, self.stage - 1, "fwd", 2 * m, f"activation {m}").wait()
+                x = data.view(dtype).view(shape)
+            y = split.forward(x)
+            if split.is_last:
+                n = _batch_size(mb)
+                value = self.loss_fn(y, mb).float() * n
+                total = value if total is None else total + value
+                count += n
+            else:
+                self._send_forward(y, m, sig, None, None, None)
+        links.finish_sends()
+        return total, count

@@ -1,0 +1,44 @@
+"""Micro-batch schedules: the order in which one stage runs forward (F) and backward (B) passes.
+
+- ``gpipe``: all M forwards, then all M backwards (in reverse order), on every stage.
+- ``1f1b``: stage k runs ``min(K - 1 - k, M)`` warm-up forwards, then alternates one forward and
+  one backward, then drains the remaining backwards; at most ``K - k`` micro-batches are in
+  flight on stage k instead of M.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+SCHEDULES = ("gpipe", "1f1b")
+
+
+class Action(NamedTuple):
+    kind: Literal["F", "B"]
+    micro_batch: int
+
+
+def stage_schedule(name: str, stage: int, num_stages: int, micro_batches: int) -> list[Action]:
+    """The actions of ``stage`` (0-based) for one optimizer step."""
+    if name not in SCHEDULES:
+        raise ValueError(f"schedule={name!r}: allowed values are {SCHEDULES}")
+    if not 0 <= stage < num_stages:
+        raise ValueError(f"stage={stage}: must be in 0..{num_stages - 1}")
+    m = micro_batches
+    if name == "gpipe":
+        return [Action("F", i) for i in range(m)] + [Action("B", i) for i in reversed(range(m))]
+    warmup = min(num_stages - 1 - stage, m)
+    actions = [Action("F", i) for i in range(warmup)]
+    next_f, next_b = warmup, 0
+    while next_f < m:
+        actions.append(Action("F", next_f))
+        next_f += 1
+        actions.append(Action("B", next_b))
+        next_b += 1
+    actions.extend(Action("B", i) for i in range(next_b, m))
+    return actions
+
+
+def forward_schedule(micro_batches: int) -> list[Action]:
+    """Evaluation: forwards only."""
+    return [Action("F", i) for i in range(micro_batches)]
