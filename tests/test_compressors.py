@@ -1,0 +1,116 @@
+"""Compressors: payload sizes, special cases, error bounds, bit-packing, spec parsing."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from repro.pipeline.bitpack import pack_bits, packed_nbytes, unpack_bits
+from repro.pipeline.compressors import Quantize, build_compressor
+
+SPECS = ["identity", "fp16", "bf16", "topk(0.05)", "topk(1.0)", "randk(0.1)", "quant(2)", "quant(4)", "quant(8)",
+         "quant(3,stochastic)", "quant(5,scale=bf16)"]
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("shape", [(2, 8, 16), (3, 5, 7), (1, 1, 300)])
+def test_payload_size_is_what_payload_nbytes_says_and_decodes_to_the_shape(spec, shape):
+    comp = build_compressor(spec)
+    x = torch.randn(shape)
+    payload = comp.compress(x, seed=7)
+    assert payload.data.dtype == torch.uint8 and payload.data.dim() == 1
+    assert payload.nbytes == comp.payload_nbytes(shape, x.dtype)
+    x_hat = comp.decompress(payload, shape, x.dtype, seed=7)
+    assert x_hat.shape == x.shape and x_hat.dtype == x.dtype
+
+
+def test_identity_and_topk_full_ratio_are_exact():
+    x = torch.randn(4, 16, 32)
+    for spec in ("identity", "topk(1.0)"):
+        comp = build_compressor(spec)
+        assert torch.equal(comp.decompress(comp.compress(x), x.shape, x.dtype), x)
+
+
+def test_topk_keeps_the_largest_entries_and_sends_values_plus_smallest_indices():
+    x = torch.randn(2, 8, 16)  # 256 entries: uint8 indices
+    comp = build_compressor("topk(0.1)")
+    k = math.ceil(0.1 * x.numel())
+    assert comp.payload_nbytes(x.shape, torch.float32) == k * (4 + 1)
+    x_hat = comp.decompress(comp.compress(x), x.shape, x.dtype)
+    kept = x_hat != 0
+    assert int(kept.sum()) == k
+    assert float(x.abs()[~kept].max()) <= float(x.abs()[kept].min())
+    assert torch.equal(x_hat[kept], x[kept])
+    assert comp.payload_nbytes((4, 64, 64), torch.float32) == math.ceil(0.1 * 16384) * (4 + 2)  # int16 indices
+
+
+def test_randk_both_ends_pick_the_same_entries_from_the_seed():
+    x = torch.randn(2, 8, 16)
+    comp = build_compressor("randk(0.25)")
+    payload = comp.compress(x, seed=123)
+    x_hat = comp.decompress(payload, x.shape, x.dtype, seed=123)
+    kept = x_hat != 0
+    assert int(kept.sum()) == math.ceil(0.25 * x.numel())
+    assert torch.equal(x_hat[kept], x[kept])  # not rescaled
+    other = comp.decompress(payload, x.shape, x.dtype, seed=124)
+    assert not torch.equal(other != 0, kept)
+
+
+@pytest.mark.parametrize("bits", range(2, 9))
+def test_quant_error_is_at_most_one_level_half_step_per_channel(bits):
+    torch.manual_seed(bits)
+    x = torch.randn(4, 16, 32) * torch.linspace(0.01, 10, 32)  # channels of very different scales
+    comp = Quantize(bits)
+    x_hat = comp.decompress(comp.compress(x), x.shape, x.dtype)
+    scale = x.abs().amax(dim=(0, 1))
+    bound = scale.to(torch.float16).float() / (2**bits - 1)
+    err = (x_hat - x).abs().amax(dim=(0, 1))
+    assert torch.all(err <= bound * 1.001 + 1e-7)
+
+
+def test_quant8_on_smooth_data_is_close_and_bytes_are_a_quarter_plus_scales():
+    t = torch.linspace(0, 6.28, 64)
+    x = torch.stack([torch.sin(t + c) for c in torch.linspace(0, 1, 48)], dim=-1).unsqueeze(0).repeat(2, 1, 1)
+    comp = build_compressor("quant(8)")
+    x_hat = comp.decompress(comp.compress(x), x.shape, x.dtype)
+    assert float((x_hat - x).norm() / x.norm()) < 0.005
+    assert comp.payload_nbytes(x.shape, torch.float32) == x.numel() + 48 * 2
+
+
+def test_quant_scale_is_never_below_the_channel_absmax_even_for_tiny_gradients():
+    x = torch.randn(2, 8, 16) * 3e-6  # fp16 subnormal range
+    comp = Quantize(4)
+    x_hat = comp.decompress(comp.compress(x), x.shape, x.dtype)
+    scale = comp._scale(x.reshape(-1, 16).float()).float()
+    assert torch.all(scale >= x.abs().reshape(-1, 16).amax(0))
+    assert float((x_hat - x).norm() / x.norm()) < 0.5
+
+
+def test_stochastic_quant_is_unbiased_on_average():
+    x = torch.full((1, 1, 4), 0.3)
+    x[..., 0] = 1.0  # sets the scale
+    comp = build_compressor("quant(2,stochastic)")
+    mean = torch.stack([comp.decompress(comp.compress(x, seed=s), x.shape, x.dtype, seed=s) for s in range(400)]).mean(0)
+    assert abs(float(mean[0, 0, 1]) - 0.3) < 0.05
+
+
+@pytest.mark.parametrize("bits", range(1, 9))
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 1001])
+def test_bit_packing_round_trips_for_every_width(bits, n):
+    values = torch.randint(0, 2**bits, (n,), dtype=torch.uint8)
+    packed = pack_bits(values, bits)
+    assert packed.numel() == packed_nbytes(n, bits) == math.ceil(n * bits / 8)
+    assert torch.equal(unpack_bits(packed, bits, n), values)
+
+
+@pytest.mark.parametrize(
+    "spec, fragment",
+    [("quant(1)", "2..8"), ("quant(9)", "2..8"), ("quant", "number of bits"), ("topk(0)", "(0, 1]"),
+     ("topk(1.5)", "(0, 1]"), ("randk(-0.1)", "(0, 1]"), ("zip", "unknown compressor"), ("quant(4,fast)", "fast")],
+)
+def test_bad_compressor_specs_fail_with_the_field_and_the_allowed_values(spec, fragment):
+    with pytest.raises(ValueError) as info:
+        build_compressor(spec, "strategy fwd_compressor")
+    assert "strategy fwd_compressor" in str(info.value) and fragment in str(info.value)

@@ -1,0 +1,223 @@
+"""Pipeline parts that need no processes: schedules, the lazy sampler, method codecs, options."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from repro.data.lazy_sampler import LazyBatchSampler
+from repro.pipeline.compressors import build_compressor
+from repro.pipeline.methods import ChannelCodec, MessageContext
+from repro.pipeline.options import PipelineOptions
+from repro.pipeline.sample_buffers import SampleBuffers
+from repro.pipeline.schedule import stage_schedule
+from repro.pipeline.stage_protocol import layers_per_stage
+
+
+# ---------------------------------------------------------------------- schedules
+def _simulate(name: str, k: int, m: int) -> int:
+    """Run every stage's schedule with blocking receives; return the number of rounds (raises on deadlock)."""
+    queues = [list(stage_schedule(name, s, k, m)) for s in range(k)]
+    done_f = [set() for _ in range(k)]
+    done_b = [set() for _ in range(k)]
+    rounds = 0
+    while any(queues):
+        progressed = False
+        for s in range(k):
+            if not queues[s]:
+                continue
+            kind, i = queues[s][0]
+            ready = (s == 0 or i in done_f[s - 1]) if kind == "F" else (i in done_f[s] and (s == k - 1 or i in done_b[s + 1]))
+            if ready:
+                (done_f if kind == "F" else done_b)[s].add(i)
+                queues[s].pop(0)
+                progressed = True
+        if not progressed:
+            raise AssertionError(f"{name} deadlocks with K={k}, M={m}")
+        rounds += 1
+    return rounds
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("k, m", [(1, 1), (2, 4), (4, 4), (4, 8), (4, 2), (3, 5)])
+def test_schedules_run_every_micro_batch_once_each_way_without_deadlock(name, k, m):
+    for s in range(k):
+        actions = stage_schedule(name, s, k, m)
+        assert sorted(i for kind, i in actions if kind == "F") == list(range(m))
+        assert sorted(i for kind, i in actions if kind == "B") == list(range(m))
+        for kind, i in actions:
+            if kind == "B":
+                assert actions.index(("F", i)) < actions.index(("B", i))
+    _simulate(name, k, m)
+
+
+@pytest.mark.parametrize("k, m", [(4, 8), (2, 6)])
+def test_1f1b_keeps_at_most_k_minus_stage_micro_batches_in_flight(k, m):
+    for s in range(k):
+        in_flight = peak = 0
+        for kind, _ in stage_schedule("1f1b", s, k, m):
+            in_flight += 1 if kind == "F" else -1
+            peak = max(peak, in_flight)
+        assert peak == min(k - s, m)
+    assert max(  # GPipe holds all M
+        sum(1 for kind, _ in stage_schedule("gpipe", 0, k, m)[:i] if kind == "F") for i in range(2 * m)
+    ) == m
+
+
+def test_layers_are_split_evenly_or_as_listed_and_bad_splits_fail():
+    assert layers_per_stage(6, 4) == [2, 2, 1, 1]
+    assert layers_per_stage(4, 4) == [1, 1, 1, 1]
+    assert layers_per_stage(6, 2, [1, 5]) == [1, 5]
+    with pytest.raises(ValueError, match="only 3 layers"):
+        layers_per_stage(3, 4)
+    with pytest.raises(ValueError, match="layers_per_stage"):
+        layers_per_stage(6, 2, [2, 2])
+
+
+# ---------------------------------------------------------------------- lazy sampler
+def test_lazy_sampler_fresh_fraction_is_near_p_and_reuse_repeats_exactly():
+    for p in (0.25, 0.5):
+        s = LazyBatchSampler(1000, 10, p=p, seed=1)
+        n = 4000
+        fresh = sum(s.is_fresh(t) for t in range(1, n + 1))
+        assert abs(fresh / n - p) < 4 * math.sqrt(p * (1 - p) / n)
+        for t in range(1, 200):
+            if not s.is_fresh(t):
+                assert s.batch_at(t) == s.batch_at(t - 1)
+            else:
+                assert s.batch_at(t) != s.batch_at(t - 1)
+
+
+def test_lazy_sampler_with_p_one_is_ordinary_shuffled_sampling():
+    s = LazyBatchSampler(100, 10, p=1.0, seed=3)
+    epoch = [i for batch in s for i in batch]
+    assert sorted(epoch) == list(range(100))
+    second = [i for batch in s for i in batch]
+    assert sorted(second) == list(range(100)) and second != epoch
+    assert s.fresh_before(20) == 20
+
+
+def test_lazy_sampler_state_round_trip_continues_the_same_stream():
+    a = LazyBatchSampler(200, 8, p=0.5, seed=9)
+    first = list(a) + list(a)  # two epochs
+    b = LazyBatchSampler(200, 8, p=0.5, seed=9)
+    it = iter(b)
+    head = [next(it) for _ in range(11)]
+    state = b.state_dict(step=11)
+    c = LazyBatchSampler(200, 8, p=0.5, seed=9)
+    c.load_state_dict(state)
+    rest = list(c) + list(c)
+    assert head + rest == first
+    assert state["fresh_batches"] == sum(b.is_fresh(t) for t in range(11))
+    with pytest.raises(ValueError, match="p=0.5"):
+        LazyBatchSampler(200, 8, p=0.25, seed=9).load_state_dict(state)
+
+
+@pytest.mark.parametrize("p", [0.0, -0.5, 1.5])
+def test_lazy_sampler_rejects_p_outside_zero_one(p):
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        LazyBatchSampler(100, 10, p=p)
+
+
+# ---------------------------------------------------------------------- method codecs
+def _pair(method, spec, direction="fwd", n_samples=16):
+    comp = build_compressor(spec)
+    bufs = (SampleBuffers(n_samples), SampleBuffers(n_samples)) if method == "aqsgd" else (None, None)
+    return (ChannelCodec(method, comp, 0, direction, 5, bufs[0]), ChannelCodec(method, comp, 0, direction, 5, bufs[1]))
+
+
+def _exchange(sender, receiver, x, slot, ctx):
+    payload, x_hat_sender = sender.encode(x, slot, ctx)
+    data = payload.data.clone()  # what arrives
+    x_hat = receiver.decode(type(payload)(data), x.shape, x.dtype, slot, ctx)
+    return payload, x_hat_sender, x_hat
+
+
+@pytest.mark.parametrize("method", ["none", "direct", "ef21", "aqsgd", "clapping_fc", "clapping_fu"])
+@pytest.mark.parametrize("spec", ["quant(4)", "topk(0.1)", "randk(0.2)"])
+def test_sender_and_receiver_buffers_stay_bit_identical(method, spec):
+    if method == "none":
+        spec = "identity"
+    sender, receiver = _pair(method, spec)
+    torch.manual_seed(0)
+    ids = [torch.arange(0, 2), torch.arange(2, 4)]
+    for step in range(6):
+        fresh = step % 3 == 0
+        for slot in range(2):
+            ctx = MessageContext(step, fresh, warmup=step < 1, sample_ids=ids[slot])
+            x = torch.randn(2, 4, 8) + step
+            _, a, b = _exchange(sender, receiver, x, slot, ctx)
+            assert torch.equal(a, b)
+        assert sender.digest() == receiver.digest()
+
+
+def test_error_feedback_converges_to_a_repeated_message():
+    sender, receiver = _pair("clapping_fc", "quant(2)")
+    x = torch.randn(2, 4, 8)
+    errors = []
+    for step in range(30):
+        _, _, x_hat = _exchange(sender, receiver, x, 0, MessageContext(step, False, False))
+        errors.append(float((x_hat - x).norm() / x.norm()))
+    assert errors[-1] < 1e-3 < errors[0]
+
+
+def test_clapping_fu_sends_exact_on_fresh_steps_and_compressed_deltas_on_reuse():
+    sender, receiver = _pair("clapping_fu", "quant(4)")
+    x = torch.randn(2, 4, 8)
+    full = x.numel() * 4
+    p1, _, x_hat = _exchange(sender, receiver, x, 0, MessageContext(0, True, False))
+    assert p1.nbytes == full and torch.equal(x_hat, x)
+    p2, _, _ = _exchange(sender, receiver, x + 0.01, 0, MessageContext(1, False, False))
+    assert p2.nbytes == build_compressor("quant(4)").payload_nbytes(x.shape, x.dtype) < full
+
+
+def test_clapping_fc_on_fresh_steps_is_ef21():
+    a_send, a_recv = _pair("clapping_fc", "topk(0.2)")
+    b_send, b_recv = _pair("ef21", "topk(0.2)")
+    for step in range(5):
+        x = torch.randn(2, 4, 8)
+        ctx = MessageContext(step, True, False)
+        pa, _, xa = _exchange(a_send, a_recv, x, 0, ctx)
+        pb, _, xb = _exchange(b_send, b_recv, x, 0, ctx)
+        assert torch.equal(pa.data, pb.data) and torch.equal(xa, xb)
+
+
+def test_aqsgd_sends_exact_while_warming_up_then_deltas_against_each_samples_buffer():
+    sender, receiver = _pair("aqsgd", "quant(4)", n_samples=8)
+    ids = torch.tensor([3, 5])
+    x = torch.randn(2, 4, 8)
+    p1, _, x_hat = _exchange(sender, receiver, x, 0, MessageContext(0, True, True, ids))
+    assert p1.nbytes == x.numel() * 4 and torch.equal(x_hat, x)
+    other = torch.tensor([1, 2])  # after warm-up, never seen: still exact
+    p2, _, _ = _exchange(sender, receiver, x, 1, MessageContext(1, True, False, other))
+    assert p2.nbytes == x.numel() * 4
+    p3, _, x_hat3 = _exchange(sender, receiver, x + 0.1, 0, MessageContext(2, True, False, ids))
+    assert p3.nbytes < x.numel() * 4
+    assert sender.digest() == receiver.digest()
+    assert sender.buffer_nbytes == 8 * 4 * 8 * 4  # N x T x d floats, whatever the batch
+    with pytest.raises(ValueError, match="outside 0..7"):
+        sender.encode(x, 0, MessageContext(3, True, False, torch.tensor([3, 8])))
+
+
+# ---------------------------------------------------------------------- options
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"p": 0.0}, "p=0.0"),
+        ({"p": 1.5}, "p=1.5"),
+        ({"method": "zip"}, "method='zip'"),
+        ({"method": "direct", "fwd_compressor": "topk(0)"}, "(0, 1]"),
+        ({"method": "direct", "bwd_compressor": "quant(9)"}, "2..8"),
+        ({"fwd_compressor": "quant(4)"}, "method='none' sends exact"),
+        ({"micro_batches": 0}, "micro_batches=0"),
+        ({"schedule": "zigzag"}, "schedule='zigzag'"),
+        ({"method": "aqsgd", "aqsgd_storage": "memmap"}, "aqsgd_dir"),
+        ({"bandwidth_mbps": -1}, "bandwidth_mbps"),
+    ],
+)
+def test_bad_strategy_options_fail_before_any_process_starts(kwargs, fragment):
+    with pytest.raises(ValueError) as info:
+        PipelineOptions(**kwargs)
+    assert fragment in str(info.value)

@@ -1,0 +1,236 @@
+"""The Clapping strategy across processes (fork launcher, gloo): equivalence with one process,
+bit-identical buffers, logged bytes, training progress, checkpoints, failures and bad input."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import repro  # noqa: F401  (registers the strategy)
+from repro.data import TextDataModule
+from repro.data.lazy_sampler import LazyBatchSampler
+from repro.lit import GPTLightningModule
+from repro.models import GPTConfig
+from repro.pipeline import ClappingStrategy
+from repro.pipeline.compressors import build_compressor
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """A small local corpus (a few thousand characters per document)."""
+    root = tmp_path_factory.mktemp("pipe-corpus")
+    rng = random.Random(0)
+    words = "the king a queen of castle sword night day love war and to my lord".split()
+    for d in range(12):
+        (root / f"doc{d}.txt").write_text(" ".join(rng.choice(words) for _ in range(700)) + "\n")
+    return root
+
+
+def make_dm(corpus: Path, cache: Path, batch_size: int = 8) -> TextDataModule:
+    return TextDataModule(
+        corpus="text_files", text_files=[str(corpus / "*.txt")], tokenizer="char", block_size=32,
+        batch_size=batch_size, max_val_blocks=16, val_fraction=0.2, cache_dir=str(cache),
+    )
+
+
+def make_module(n_layer: int = 4, vocab: int = 64, optim: dict | None = None) -> GPTLightningModule:
+    cfg = GPTConfig(n_layer=n_layer, n_embd=32, n_head=2, rope_dims=[8] * n_layer, vocab_size=vocab, block_size=32)
+    return GPTLightningModule(cfg, optim or {"lr": 1e-2, "warmup_steps": 0, "schedule": "constant"})
+
+
+class Recorder(L.Callback):
+    """Writes each rank's losses, gradients and buffer digests to <out>/rank<r>.pt."""
+
+    def __init__(self, out: Path, grads: bool = False) -> None:
+        self.out, self.grads = out, grads
+        self.losses, self.grad_steps, self.digests = [], [], []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if self.grads:
+            self.grad_steps.append(
+                {n: p.grad.detach().clone() for n, p in pl_module.named_parameters() if p.numel() and p.grad is not None}
+            )
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.losses.append(float(outputs["loss"]))
+        if isinstance(trainer.strategy, ClappingStrategy):
+            self.digests.append(trainer.strategy.buffer_digests())
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        record = {"losses": self.losses, "grads": self.grad_steps, "digests": self.digests}
+        s = trainer.strategy
+        if isinstance(s, ClappingStrategy):
+            record.update(sent=dict(s.runner.links.counters.bytes_sent), totals=dict(s.totals),
+                          metrics={k: float(v) for k, v in trainer.callback_metrics.items()})
+        torch.save(record, self.out / f"rank{trainer.global_rank}.pt")
+
+
+def fit(tmp_path, dm, module, strategy, steps=4, callbacks=(), **trainer_kwargs) -> list[dict]:
+    out = tmp_path / "records"
+    out.mkdir(exist_ok=True)
+    L.seed_everything(0, verbose=False)
+    devices = trainer_kwargs.pop("devices", None)
+    trainer = L.Trainer(
+        accelerator="cpu", devices=devices or 1, strategy=strategy, max_steps=steps, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        num_sanity_val_steps=0, limit_val_batches=0, callbacks=[Recorder(out, grads=True), *callbacks],
+        **trainer_kwargs,
+    )
+    trainer.fit(module, dm)
+    return [torch.load(p) for p in sorted(out.glob("rank*.pt"))]
+
+
+class SameBatchesDataModule(TextDataModule):
+    """The single-process reference: the strategy's sampler at p = 1."""
+
+    def train_dataloader(self):
+        sampler = LazyBatchSampler(len(self.train_set), self.batch_size, 1.0, self.shuffle_seed)
+        return DataLoader(self.train_set, batch_sampler=sampler)
+
+
+def pipeline(devices: int, **kwargs) -> ClappingStrategy:
+    kwargs.setdefault("micro_batches", 2)
+    kwargs.setdefault("timeout_s", 60)
+    return ClappingStrategy(start_method="fork", **kwargs)
+
+
+# ---------------------------------------------------------------------- equivalence
+@pytest.fixture(scope="module")
+def single_process_reference(corpus, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("reference")
+    dm = SameBatchesDataModule(corpus="text_files", text_files=[str(corpus / "*.txt")], tokenizer="char",
+                               block_size=32, batch_size=8, max_val_blocks=16, val_fraction=0.2, cache_dir=str(tmp / "c"))
+    L.seed_everything(0, verbose=False)
+    module = make_module()
+    return fit(tmp, dm, module, "auto", steps=4, gradient_clip_val=0.5)[0]
+
+
+@pytest.mark.parametrize("k, schedule", [(2, "gpipe"), (4, "gpipe"), (4, "1f1b")])
+def test_none_identity_through_k_stages_matches_one_process(k, schedule, corpus, tmp_path, single_process_reference):
+    L.seed_everything(0, verbose=False)
+    module = make_module()
+    records = fit(tmp_path, make_dm(corpus, tmp_path / "c"), module, pipeline(k, schedule=schedule),
+                  steps=4, devices=k, gradient_clip_val=0.5)
+    ref = single_process_reference
+    assert len(records) == k
+    for rec in records:  # every rank logs the same loss
+        assert rec["losses"] == pytest.approx(ref["losses"], rel=1e-5, abs=1e-6)
+    for step, ref_grads in enumerate(ref["grads"]):
+        seen = set()
+        for rec in records:
+            for name, grad in rec["grads"][step].items():
+                torch.testing.assert_close(grad, ref_grads[name], rtol=1e-4, atol=1e-6)
+                seen.add(name)
+        assert seen == set(ref_grads)  # every parameter lives on some stage
+
+
+# ---------------------------------------------------------------------- compression
+def test_clapping_buffers_are_bit_identical_and_logged_bytes_are_the_bytes_sent(corpus, tmp_path):
+    k = 3
+    records = fit(tmp_path, make_dm(corpus, tmp_path / "c"), make_module(n_layer=3),
+                  pipeline(k, method="clapping_fc", fwd_compressor="quant(4)", bwd_compressor="topk(0.1)", p=0.5),
+                  steps=5, devices=k)
+    for step in range(5):
+        for b in range(k - 1):
+            for direction, (snd, rcv) in {"fwd": (b, b + 1), "bwd": (b + 1, b)}.items():
+                send = records[snd]["digests"][step][f"b{b}_{direction}_send"]
+                recv = records[rcv]["digests"][step][f"b{b}_{direction}_recv"]
+                assert send == recv
+    shape, dtype = (4, 32, 32), torch.float32  # micro-batch x block x n_embd
+    per_message = {"fwd": build_compressor("quant(4)").payload_nbytes(shape, dtype),
+                   "bwd": build_compressor("topk(0.1)").payload_nbytes(shape, dtype)}
+    totals = records[0]["totals"]
+    for b in range(k - 1):
+        sent_fwd = records[b]["sent"]["fwd"]
+        sent_bwd = records[b + 1]["sent"]["bwd"]
+        assert totals[f"bytes/b{b}_fwd"] == sent_fwd == 5 * 2 * per_message["fwd"]
+        assert totals[f"bytes/b{b}_bwd"] == sent_bwd == 5 * 2 * per_message["bwd"]
+    raw = 5 * 2 * 4 * 32 * 32 * 4 * 2 * (k - 1)
+    assert records[0]["metrics"]["pipe/compression_ratio"] == pytest.approx(totals["bytes"] / raw)
+    assert all(r["metrics"]["pipe/buffer_bytes/rank0"] == 2 * 2 * 4 * 32 * 32 * 4 for r in records)
+
+
+@pytest.mark.parametrize("method, fwd, bwd", [("clapping_fc", "quant(4)", "quant(8)"), ("clapping_fu", "topk(0.1)", "topk(0.1)")])
+def test_clapping_trains_the_model_well_below_its_starting_loss(method, fwd, bwd, corpus, tmp_path):
+    records = fit(tmp_path, make_dm(corpus, tmp_path / "c"), make_module(), 
+                  pipeline(4, method=method, fwd_compressor=fwd, bwd_compressor=bwd, p=0.5), steps=40, devices=4)
+    losses = records[0]["losses"]
+    assert sum(losses[-5:]) / 5 < losses[0] - 1.0, losses
+
+
+# ---------------------------------------------------------------------- checkpoints
+def test_checkpoint_holds_the_full_model_every_stage_and_the_sampler(corpus, tmp_path):
+    from repro.lit import FinalCheckpoint
+
+    final = FinalCheckpoint("final.ckpt")
+    dm = make_dm(corpus, tmp_path / "c")
+    fit(tmp_path, dm, make_module(), pipeline(2, method="clapping_fc", fwd_compressor="quant(4)",
+        bwd_compressor="quant(8)", p=0.5), steps=3, devices=2, callbacks=[final], default_root_dir=str(tmp_path))
+    path = tmp_path / "checkpoints" / "final.ckpt"
+    ckpt = torch.load(path, weights_only=False)
+    state = ckpt["clapping"]
+    assert state["steps_done"] == 3 and state["sampler"]["step"] == 3 and state["sampler"]["p"] == 0.5
+    assert len(ckpt["optimizer_states"][0]["pipeline_stages"]) == 2
+    assert set(state["codecs"][0]) == {"fwd:send", "bwd:recv"} and set(state["codecs"][1]) == {"fwd:recv", "bwd:send"}
+    full = GPTLightningModule.load_from_checkpoint(path)  # a single-process module takes the whole model
+    assert all(v.numel() > 0 for v in full.state_dict().values())
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, limit_val_batches=2)
+    metrics = trainer.validate(full, dm, verbose=False)[0]
+    assert 0 < metrics["val/loss"] < 10
+
+
+# ---------------------------------------------------------------------- failures and bad input
+class FailOnRank(L.Callback):
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_rank == 1 and batch_idx == 2:
+            raise RuntimeError("injected failure on rank 1")
+
+
+def test_an_error_on_one_rank_ends_every_rank_with_its_message(corpus, tmp_path):
+    start = time.perf_counter()
+    with pytest.raises(Exception, match="injected failure on rank 1"):
+        fit(tmp_path, make_dm(corpus, tmp_path / "c"), make_module(), pipeline(4, timeout_s=20), steps=10,
+            devices=4, callbacks=[FailOnRank()])
+    assert time.perf_counter() - start < 60
+
+
+@pytest.mark.parametrize(
+    "devices, strategy_kwargs, module_kwargs, fragment",
+    [
+        (4, {}, {"n_layer": 3}, "only 3 layers"),
+        (2, {"stages": 4}, {}, "stages=4"),
+        (2, {"micro_batches": 3}, {}, "does not divide into 3"),
+    ],
+)
+def test_bad_pipeline_setups_fail_before_training(devices, strategy_kwargs, module_kwargs, fragment, corpus, tmp_path):
+    with pytest.raises(Exception, match=fragment):
+        fit(tmp_path, make_dm(corpus, tmp_path / "c"), make_module(**module_kwargs), pipeline(devices, **strategy_kwargs),
+            steps=2, devices=devices)
+
+
+class PlainModule(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 4)
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        return DataLoader(torch.randn(16, 4), batch_size=4)
+
+
+def test_a_module_without_the_stage_protocol_is_refused(tmp_path):
+    with pytest.raises(Exception, match="does not implement the pipeline stage protocol"):
+        trainer = L.Trainer(accelerator="cpu", devices=2, strategy=pipeline(2), max_steps=1, logger=False,
+                            enable_progress_bar=False, enable_checkpointing=False)
+        trainer.fit(PlainModule())
