@@ -215,7 +215,14 @@ class ClappingStrategy(ParallelStrategy):
         backend = self._backend()
         timeout = timedelta(seconds=self.options.timeout_s)
         kwargs: dict[str, Any] = {"timeout": timeout}
-        if self.root_device.type != "cpu":
+        if backend == "nccl":
+            devices = [str(d) for d in self.parallel_devices or []]
+            if len(set(devices)) < len(devices):
+                raise ValueError(
+                    f"process_group_backend='nccl' needs one GPU per stage, but stages share devices {devices}; "
+                    f"use process_group_backend='gloo' (payloads staged through host memory) to put several "
+                    f"stages on one GPU"
+                )
             kwargs["device_id"] = self.root_device
         if not _distributed_is_initialized():
             _init_dist_connection(self.cluster_environment, backend, **kwargs)
