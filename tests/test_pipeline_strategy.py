@@ -78,7 +78,7 @@ def fit(tmp_path, dm, module, strategy, steps=4, callbacks=(), **trainer_kwargs)
     devices = trainer_kwargs.pop("devices", None)
     trainer = L.Trainer(
         accelerator="cpu", devices=devices or 1, strategy=strategy, max_steps=steps, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        enable_checkpointing=trainer_kwargs.pop("enable_checkpointing", False), enable_progress_bar=False, enable_model_summary=False,
         num_sanity_val_steps=0, limit_val_batches=0, callbacks=[Recorder(out, grads=True), *callbacks],
         **trainer_kwargs,
     )
@@ -234,3 +234,26 @@ def test_a_module_without_the_stage_protocol_is_refused(tmp_path):
         trainer = L.Trainer(accelerator="cpu", devices=2, strategy=pipeline(2), max_steps=1, logger=False,
                             enable_progress_bar=False, enable_checkpointing=False)
         trainer.fit(PlainModule())
+
+
+def test_clapping_resumes_from_a_checkpoint_to_the_same_losses(corpus, tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    opts = dict(method="clapping_fc", fwd_compressor="quant(4)", bwd_compressor="quant(8)", p=0.5)
+    dm = make_dm(corpus, tmp_path / "c")
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=3, save_top_k=-1)
+    (tmp_path / "a").mkdir()
+    whole = fit(tmp_path / "a", dm, make_module(optim={"name": "sgd", "lr": 0.05, "warmup_steps": 0}),
+                pipeline(2, **opts), steps=6, devices=2, callbacks=[ckpt], enable_checkpointing=True)[0]["losses"]
+    first_half = tmp_path / "ckpts" / "epoch=0-step=3.ckpt"
+    assert first_half.exists()
+    (tmp_path / "b").mkdir()
+    out = tmp_path / "b" / "records"
+    out.mkdir()
+    L.seed_everything(0, verbose=False)
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=pipeline(2, **opts), max_steps=6, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        num_sanity_val_steps=0, limit_val_batches=0, callbacks=[Recorder(out)])
+    trainer.fit(make_module(optim={"name": "sgd", "lr": 0.05, "warmup_steps": 0}), dm, ckpt_path=str(first_half))
+    resumed = torch.load(out / "rank0.pt")["losses"]
+    assert resumed == pytest.approx(whole[3:], rel=1e-6, abs=1e-7)

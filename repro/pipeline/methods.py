@@ -177,9 +177,10 @@ class ChannelCodec:
             hasher.update(self.sample_buffers.filled.numpy().tobytes())
         return hasher.hexdigest()
 
-    def state_dict(self) -> dict:
+    def state_dict(self, with_sample_buffers: bool = True) -> dict:
+        """Slot buffers always; AQ-SGD's per-sample rows only when asked (they are N x T x d)."""
         state = {"slots": {k: v.detach().cpu().clone() for k, v in self.slots.items()}}
-        if self.sample_buffers is not None:
+        if self.sample_buffers is not None and with_sample_buffers:
             state["sample_buffers"] = self.sample_buffers.state_dict()
         return state
 

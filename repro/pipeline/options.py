@@ -27,6 +27,7 @@ class PipelineOptions:
     aqsgd_num_samples: int | None = None  # aqsgd: N rows per buffer; None = the training set's size
     aqsgd_storage: str = "memory"  # aqsgd buffers: 'memory' or 'memmap' (files under aqsgd_dir)
     aqsgd_dir: str | None = None  # aqsgd: directory of the memmap files
+    aqsgd_checkpoint_buffers: bool = False  # aqsgd: put the N x T x d rows in checkpoints (GBs); off = refill after resume
     sample_id_key: str = "sample_id"  # batch key of the sample ids (aqsgd)
     bandwidth_mbps: float | None = None  # emulated link speed: each send waits bytes*8/bandwidth s; None = off
     timeout_s: float = 300.0  # seconds any receive or collective may wait before the rank gives up

@@ -66,6 +66,8 @@ class ClappingStrategy(ParallelStrategy):
         aqsgd_num_samples: AQ-SGD: rows per buffer (one more than the largest sample id); None = training set size.
         aqsgd_storage: AQ-SGD buffers in 'memory' or in a disk 'memmap' under aqsgd_dir.
         aqsgd_dir: Directory of AQ-SGD's memmap files.
+        aqsgd_checkpoint_buffers: AQ-SGD: save its per-sample rows in checkpoints (N x T x d per boundary end,
+            gigabytes); off (default): a resumed run refills them, sending each sample's next message exact.
         sample_id_key: Batch key of the sample ids AQ-SGD keys its buffers by.
         bandwidth_mbps: Emulated link bandwidth in Mbit/s (each send waits bytes*8/bandwidth); None = off.
         timeout_s: Seconds any receive or collective may wait; a rank whose neighbour died fails after it.
@@ -91,6 +93,7 @@ class ClappingStrategy(ParallelStrategy):
         aqsgd_num_samples: Optional[int] = None,
         aqsgd_storage: Literal["memory", "memmap"] = "memory",
         aqsgd_dir: Optional[str] = None,
+        aqsgd_checkpoint_buffers: bool = False,
         sample_id_key: str = "sample_id",
         bandwidth_mbps: Optional[float] = None,
         timeout_s: float = 300.0,
@@ -124,6 +127,7 @@ class ClappingStrategy(ParallelStrategy):
             aqsgd_num_samples=aqsgd_num_samples,
             aqsgd_storage=aqsgd_storage,
             aqsgd_dir=aqsgd_dir,
+            aqsgd_checkpoint_buffers=aqsgd_checkpoint_buffers,
             sample_id_key=sample_id_key,
             bandwidth_mbps=bandwidth_mbps,
             timeout_s=timeout_s,
@@ -561,7 +565,8 @@ class ClappingStrategy(ParallelStrategy):
         return {"pipeline_stages": gathered} if self.is_global_zero else {}
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Optional[Any] = None) -> None:
-        rank_state = {f"{d}:{r}": c.state_dict() for (d, r), c in self.codecs.items()}
+        with_rows = self.options.aqsgd_checkpoint_buffers
+        rank_state = {f"{d}:{r}": c.state_dict(with_rows) for (d, r), c in self.codecs.items()}
         gathered = self._gather(rank_state)
         if self.is_global_zero:
             checkpoint["clapping"] = {
