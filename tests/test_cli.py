@@ -94,3 +94,33 @@ def test_unknown_command_lists_every_command(tmp_path):
     assert "unknown command 'nonsense'" in out.stderr
     for command in ("fit", "validate", "profile", "allocate", "transfer", "account", "analyze"):
         assert command in out.stderr
+
+
+@pytest.mark.slow
+def test_pipeline_fit_from_the_cli_then_single_process_validate_of_its_checkpoint(tmp_path, data_cache):
+    """`repro fit` with the clapping strategy (4 stages, fork launcher under pytest) logs the
+    pipeline statistics; its checkpoint is the full model, validated by one process."""
+    common = [
+        f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}",
+        f"--data.cache_dir={data_cache}",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.log_every_n_steps=2",
+    ]
+    fit = run_repro(["fit", "--config", str(CONFIGS / "smoke_pipeline.yaml"), *common,
+                     "--trainer.strategy.init_args.start_method=fork", "--trainer.max_steps=6",
+                     "--trainer.val_check_interval=6"], tmp_path)
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    run_dir = tmp_path / "logs" / "smoke_pipeline" / "version_0"
+    scalars = read_scalars(run_dir)
+    for key in ("train/loss", "val/loss", "pipe/bytes_total", "pipe/compression_ratio", "pipe/rel_error/b0_fwd",
+                "pipe/buffer_bytes/rank3", "pipe/fresh_batches", "pipe/net_time_s", "pipe/wall_s"):
+        assert key in scalars, key
+    ratio = scalars["pipe/compression_ratio"][-1][1]
+    assert 0.1 < ratio < 0.3  # quant(4) forward, quant(8) backward: about 1/8 and 1/4 of fp32, plus scales
+    val_loss = scalars["val/loss"][-1][1]
+    validate = run_repro(["validate", "--config", str(CONFIGS / "smoke_pipeline.yaml"), *common,
+                          "--trainer.strategy=auto", "--trainer.devices=1",
+                          f"--ckpt_path={run_dir / 'checkpoints' / 'final.ckpt'}"], tmp_path)
+    assert validate.returncode == 0, validate.stderr[-3000:]
+    reval = read_scalars(tmp_path / "logs" / "smoke_pipeline" / "version_1")["val/loss"][0][1]
+    assert reval == pytest.approx(val_loss, rel=1e-4)
