@@ -265,3 +265,39 @@ def test_clapping_resumes_from_a_checkpoint_to_the_same_losses(corpus, tmp_path)
     trainer.fit(make_module(optim={"name": "sgd", "lr": 0.05, "warmup_steps": 0}), dm, ckpt_path=str(first_half))
     resumed = torch.load(out / "rank0.pt")["losses"]
     assert resumed == pytest.approx(whole[3:], rel=1e-6, abs=1e-7)
+
+
+def _silent_neighbour(rank: int, port: int, out: str) -> None:
+    import datetime
+    import os
+
+    import torch.distributed as dist
+
+    from repro.pipeline.p2p import PipelineTimeout, StageLinks
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=30))
+    links = StageLinks(rank, {"fwd": dist.group.WORLD, "bwd": dist.group.WORLD}, torch.device("cpu"), timeout_s=2)
+    if rank == 1:  # waits for an activation that stage 0 never sends
+        start = time.perf_counter()
+        try:
+            links.recv(64, 0, "fwd", 0, "activation 0").wait()
+            message = "no error"
+        except PipelineTimeout as exc:
+            message = str(exc)
+        Path(out).write_text(f"{time.perf_counter() - start:.2f}\n{message}")
+    else:  # stay alive (and silent) until the neighbour has given up
+        deadline = time.perf_counter() + 30
+        while not Path(out).exists() and time.perf_counter() < deadline:
+            time.sleep(0.1)
+
+
+def test_a_receive_whose_sender_never_sends_fails_after_the_timeout_naming_the_stage(tmp_path):
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "timeout.txt"
+    mp.start_processes(_silent_neighbour, args=(29000 + random.Random().randrange(2000), str(out)), nprocs=2,
+                       start_method="fork")
+    seconds, message = out.read_text().split("\n", 1)
+    assert 1.5 < float(seconds) < 10
+    assert "stage 1: no activation 0 from stage 0 within 2 s" in message
