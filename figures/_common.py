@@ -37,6 +37,19 @@ def load_table1(results: Path, figure: str) -> dict[str, Any] | None:
     return json.loads(path.read_text())
 
 
+def load_clapping(results: Path, figure: str) -> dict[str, Any] | None:
+    """The Clapping table document, or None (with a message) when there is none yet."""
+    path = Path(results) / "clapping" / "clapping_table.json"
+    if not path.is_file():
+        print(f"[figures] skip {figure}: {path} not found (run `make reproduce-clapping` first)")
+        return None
+    return json.loads(path.read_text())
+
+
+METHOD_COLORS = {"none": "black", "none_lazy": "tab:gray", "direct": "tab:red", "ef21": "tab:orange",
+                 "aqsgd": "tab:purple", "clapping_fc": "tab:blue", "clapping_fu": "tab:green"}
+
+
 def load_json(path: str | Path) -> dict[str, Any]:
     return json.loads(Path(path).read_text())
 

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-FIGURES = ("table1_curves", "rope_profiles", "quality_storage_compute", "calibration")
+FIGURES = ("table1_curves", "rope_profiles", "quality_storage_compute", "calibration", "clapping_curves",
+           "clapping_memory", "clapping_p", "clapping_time")
 
 
 def main(argv: list[str] | None = None) -> int:

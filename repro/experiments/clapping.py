@@ -197,16 +197,27 @@ def _progress(i: int, n: int, name: str, result: dict, start: float, trained_s: 
           f"elapsed {elapsed / 60:.1f} min{left}", file=sys.stderr, flush=True)
 
 
+def model_config_path(settings: ClappingSettings) -> Path:
+    """The settings' model config, relative to the working folder or else to the repository."""
+    path = Path(settings.model)
+    if path.exists() or path.is_absolute():
+        return path
+    beside = Path(__file__).resolve().parents[2] / settings.model
+    return beside if beside.exists() else path
+
+
 def run_clapping(settings: ClappingSettings, out: Path, seeds: tuple[int, ...] | None = None,
-                 quiet: bool = False) -> dict[str, Any]:
+                 quiet: bool = False, cache_dir: str | None = None) -> dict[str, Any]:
     from .clapping_report import build_report, write_report
     from .table1 import check_accelerator
 
     check_accelerator(settings.accelerator)
     seeds = tuple(seeds) if seeds else settings.seeds
-    config = load_run_config(settings.model)
+    config = load_run_config(model_config_path(settings))
     data_args = dict(config.data)
     data_args.setdefault("cache_dir", ".cache/repro")
+    if cache_dir is not None:
+        data_args["cache_dir"] = cache_dir
     from repro.data import TextDataModule
 
     datamodule = TextDataModule(**data_args)
