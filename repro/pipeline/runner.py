@@ -26,8 +26,6 @@ class DirectionStats:
 
     payload_bytes: int = 0  # bytes sent
     raw_bytes: int = 0  # bytes the exact message would take (method none)
-    error_sq: float = 0.0  # sum over messages of ||x_hat - x||^2
-    norm_sq: float = 0.0  # sum over messages of ||x||^2
     rel_error_sum: float = 0.0  # sum over messages of ||x_hat - x|| / ||x||
     messages: int = 0
 
@@ -136,8 +134,6 @@ class StageRunner:
             stats.raw_bytes += x.numel() * x.element_size()
             err = float((x_hat.float() - x.float()).pow(2).sum())
             norm = float(x.float().pow(2).sum())
-            stats.error_sq += err
-            stats.norm_sq += norm
             stats.rel_error_sum += (err**0.5) / max(norm**0.5, 1e-30)
             stats.messages += 1
 

@@ -45,7 +45,7 @@ from .sample_buffers import SampleBuffers
 from .schedule import stage_schedule
 from .stage_protocol import StageSplit, check_stage_protocol, layers_per_stage
 
-_STAT_FIELDS = ("payload_bytes", "raw_bytes", "rel_error_sum", "messages", "error_sq", "norm_sq")
+_STAT_FIELDS = ("payload_bytes", "raw_bytes", "rel_error_sum", "messages")
 
 
 class ClappingStrategy(ParallelStrategy):
@@ -465,7 +465,6 @@ class ClappingStrategy(ParallelStrategy):
         vec = vec.to(self.root_device)
         dist.all_reduce(vec)
         vec = vec.cpu()
-        self._last_vec = vec
         step_stats: dict[str, float] = {}
         for b in range(k - 1):
             for j, direction in enumerate(("fwd", "bwd")):
@@ -509,6 +508,8 @@ class ClappingStrategy(ParallelStrategy):
         for r, seconds in enumerate(self._emulated):
             values[f"pipe/net_time_s/rank{r}"] = seconds
         values["pipe/net_time_s"] = max(self._emulated)
+        for r, nbytes in enumerate(self._param_bytes):
+            values[f"pipe/param_bytes/rank{r}"] = nbytes
         fresh_count = self.sampler.fresh_before(self.steps_done) if self.sampler is not None else self.steps_done
         values["pipe/fresh_batches"] = fresh_count
         values["pipe/reused_batches"] = self.steps_done - fresh_count
