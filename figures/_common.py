@@ -28,22 +28,22 @@ def style() -> None:
     })
 
 
-def load_table1(results: Path, figure: str) -> dict[str, Any] | None:
-    """The Table 1 document, or None (with a message) when there is none yet."""
-    path = Path(results) / "table1" / "table1.json"
+def _load_result(results: Path, relative: str, figure: str, command: str) -> dict[str, Any] | None:
+    path = Path(results) / relative
     if not path.is_file():
-        print(f"[figures] skip {figure}: {path} not found (run `make reproduce-table1` first)")
+        print(f"[figures] skip {figure}: {path} not found (run `{command}` first)")
         return None
     return json.loads(path.read_text())
+
+
+def load_table1(results: Path, figure: str) -> dict[str, Any] | None:
+    """The Table 1 document, or None (with a message) when there is none yet."""
+    return _load_result(results, "table1/table1.json", figure, "make reproduce-table1")
 
 
 def load_clapping(results: Path, figure: str) -> dict[str, Any] | None:
     """The Clapping table document, or None (with a message) when there is none yet."""
-    path = Path(results) / "clapping" / "clapping_table.json"
-    if not path.is_file():
-        print(f"[figures] skip {figure}: {path} not found (run `make reproduce-clapping` first)")
-        return None
-    return json.loads(path.read_text())
+    return _load_result(results, "clapping/clapping_table.json", figure, "make reproduce-clapping")
 
 
 METHOD_COLORS = {"none": "black", "none_lazy": "tab:gray", "direct": "tab:red", "ef21": "tab:orange",

@@ -137,21 +137,25 @@ def _index_dtype(n: int) -> torch.dtype:
     return torch.int64
 
 
-class TopK(Compressor):
-    """The ``ceil(ratio * n)`` largest-magnitude entries: values, then their indices."""
-
-    kind = "topk"
+class _Sparsifier(Compressor):
+    """Keeps ``k = ceil(ratio * n)`` of the ``n`` entries."""
 
     def __init__(self, ratio: float) -> None:
-        _check_ratio(ratio, "topk")
+        _check_ratio(ratio, self.kind)
         self.ratio = float(ratio)
 
     @property
     def spec(self) -> str:
-        return f"topk({self.ratio:g})"
+        return f"{self.kind}({self.ratio:g})"
 
     def k(self, n: int) -> int:
         return max(1, min(n, math.ceil(self.ratio * n)))
+
+
+class TopK(_Sparsifier):
+    """The ``ceil(ratio * n)`` largest-magnitude entries: values, then their indices."""
+
+    kind = "topk"
 
     def payload_nbytes(self, shape, dtype) -> int:
         n = _numel(shape)
@@ -175,22 +179,11 @@ class TopK(Compressor):
         return out.view(shape)
 
 
-class RandK(Compressor):
+class RandK(_Sparsifier):
     """``ceil(ratio * n)`` entries drawn from the shared seed; only their values are sent.
     Not rescaled by ``n / k`` (a contractive compressor, as error feedback assumes)."""
 
     kind = "randk"
-
-    def __init__(self, ratio: float) -> None:
-        _check_ratio(ratio, "randk")
-        self.ratio = float(ratio)
-
-    @property
-    def spec(self) -> str:
-        return f"randk({self.ratio:g})"
-
-    def k(self, n: int) -> int:
-        return max(1, min(n, math.ceil(self.ratio * n)))
 
     def _indices(self, n: int, seed: int, device: torch.device) -> torch.Tensor:
         gen = _shared_generator(seed, device)

@@ -26,7 +26,7 @@ class DirectionStats:
 
     payload_bytes: int = 0  # bytes sent
     raw_bytes: int = 0  # bytes the exact message would take (method none)
-    rel_error_sum: float = 0.0  # sum over messages of ||x_hat - x|| / ||x||
+    rel_error_sum: float | torch.Tensor = 0.0  # sum over messages of ||x_hat - x|| / ||x|| (a device tensor once set)
     messages: int = 0
 
 
@@ -132,9 +132,9 @@ class StageRunner:
         if stats is not None:
             stats.payload_bytes += payload.nbytes
             stats.raw_bytes += x.numel() * x.element_size()
-            err = float((x_hat.float() - x.float()).pow(2).sum())
-            norm = float(x.float().pow(2).sum())
-            stats.rel_error_sum += (err**0.5) / max(norm**0.5, 1e-30)
+            # kept on the device: one host sync per step (in the strategy's reduction), not per message
+            rel = torch.linalg.vector_norm(x_hat.float() - x.float()) / torch.linalg.vector_norm(x.float()).clamp_min(1e-30)
+            stats.rel_error_sum = stats.rel_error_sum + rel
             stats.messages += 1
 
     # ------------------------------------------------------------------ steps
