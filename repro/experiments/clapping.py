@@ -154,6 +154,17 @@ def train_row(row: ClappingRow, seed: int, settings: ClappingSettings, config: R
 
 # ------------------------------------------------------------------------------------------- memory
 def measure_memory(settings: ClappingSettings, config: RunConfig, dataset_size: int) -> list[dict[str, Any]]:
+    """The memory figure's points for these settings: every N of ``memory_sizes`` and the run's N."""
+    m = settings.micro_batches
+    points = buffer_memory_points(sorted({*settings.memory_sizes, dataset_size}), config.block_size,
+                                  int(config.gpt["n_embd"]), m, int(config.data.get("batch_size", 16)) // m,
+                                  settings.compressors[0])
+    for point in points:
+        point["is_dataset"] = point["N"] == dataset_size
+    return points
+
+
+def buffer_memory_points(sizes, t: int, d: int, m: int, mb: int, compressor: str) -> list[dict[str, Any]]:
     """Buffer bytes of a middle rank (both ends of its two boundaries, both directions): measured
     by allocating them, and analytical. AQ-SGD keeps N x T x d per forward end (its backward is
     direct, stateless); Clapping keeps M slots of (micro-batch x T x d) per end, whatever N is."""
@@ -161,12 +172,9 @@ def measure_memory(settings: ClappingSettings, config: RunConfig, dataset_size: 
     from repro.pipeline.methods import ChannelCodec, MessageContext
     from repro.pipeline.sample_buffers import SampleBuffers
 
-    t, d = config.block_size, int(config.gpt["n_embd"])
-    m = settings.micro_batches
-    mb = int(config.data.get("batch_size", 16)) // m
-    comp = build_compressor(settings.compressors[0])
+    comp = build_compressor(compressor)
     points = []
-    for n in sorted({*settings.memory_sizes, dataset_size}):
+    for n in sorted(set(sizes)):
         for method in ("aqsgd", "clapping_fc"):
             measured = 0
             for direction in ("fwd", "fwd", "bwd", "bwd"):  # a middle rank's four channel ends
@@ -179,8 +187,7 @@ def measure_memory(settings: ClappingSettings, config: RunConfig, dataset_size: 
                 if rows is not None:
                     rows.rows = None  # release before the next size
             analytic = 2 * n * t * d * 4 if method == "aqsgd" else 4 * m * mb * t * d * 4
-            points.append({"method": method, "N": n, "measured_bytes": measured, "analytical_bytes": analytic,
-                           "is_dataset": n == dataset_size})
+            points.append({"method": method, "N": n, "measured_bytes": measured, "analytical_bytes": analytic})
     return points
 
 

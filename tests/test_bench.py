@@ -1,0 +1,128 @@
+"""`make bench`: the quick preset end to end (every section, well-formed finite JSON, exact
+payload sizes, the memory claim), and its settings' bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from repro.bench.compressor_bench import analytical_bytes
+from repro.bench.measure import all_finite, pairwise, row, summary
+from repro.bench.run import main as bench_main
+from repro.bench.settings import SECTIONS, load_settings
+from repro.pipeline.compressors import build_compressor
+
+ROW_KEYS = {"section", "name", "metric", "unit", "median", "min", "max", "spread", "repeats", "values",
+            "reference", "ratio", "goal", "goal_met"}
+
+
+@pytest.fixture(scope="module")
+def quick_report(tmp_path_factory) -> tuple[dict, Path]:
+    out = tmp_path_factory.mktemp("bench")
+    assert bench_main(["--preset", "quick", "--out", str(out), "--quiet"]) == 0
+    return json.loads((out / "bench.json").read_text()), out
+
+
+def test_quick_bench_writes_every_section_with_finite_rows(quick_report):
+    report, out = quick_report
+    assert report["preset"] == "quick" and report["git_commit"]
+    assert set(report["section_seconds"]) == set(SECTIONS)
+    sections = {r["section"] for r in report["rows"]}
+    assert sections == set(SECTIONS)
+    for r in report["rows"]:
+        assert ROW_KEYS <= set(r), r["name"]
+        assert all(math.isfinite(v) for v in r["values"]), r["name"]
+        assert r["min"] <= r["median"] <= r["max"], r["name"]
+        assert len(r["values"]) == r["repeats"]
+        if r["reference"] is not None:
+            assert r["ratio"] is not None and math.isfinite(r["ratio"]) and r["ratio"] > 0, r["name"]
+        if r["goal"] is not None:
+            assert r["goal_met"] == (r["ratio"] >= r["goal"]), r["name"]
+    assert all_finite(report)
+    table = (out / "bench.md").read_text()
+    for r in report["rows"]:
+        assert r["name"] in table
+
+
+def test_quick_bench_measures_what_it_claims(quick_report):
+    report, _ = quick_report
+    rows = {r["name"]: r for r in report["rows"]}
+    # the pipeline is compared with torch.distributed.pipelining and with one process
+    assert "torch.distributed.pipelining GPipe K=2" in rows
+    ours = rows["clapping none+identity K=2"]
+    assert ours["reference"] == "torch.distributed.pipelining GPipe K=2" and ours["goal"] == 1.0
+    # every compressor's payload is its analytical size (exactly, for these)
+    comp = [r for r in report["rows"] if r["section"] == "compressors"]
+    assert comp and all(r["achieved_bytes"] == r["analytical_bytes"] for r in comp)
+    # AQ-SGD buffers grow with N, Clapping's do not
+    mem = {(r["method"], r["N"]): r["median"] for r in report["rows"] if r.get("method")}
+    sizes = sorted({n for _, n in mem})
+    assert mem[("aqsgd", sizes[-1])] / mem[("aqsgd", sizes[0])] == pytest.approx(sizes[-1] / sizes[0])
+    assert mem[("clapping_fc", sizes[-1])] == mem[("clapping_fc", sizes[0])]
+    # a compressed run sends fewer bytes than none on the same emulated link
+    net = [r for r in report["rows"] if r["section"] == "network"]
+    assert net[0]["compression_ratio"] == 1.0 and net[1]["compression_ratio"] < 0.3
+    assert net[1]["bytes_per_step"] < net[0]["bytes_per_step"]
+    # bytes per step grow linearly with the sequence length at fixed K
+    curve = sorted((r["seq_len"], r["bytes_per_step"]) for r in report["rows"] if r["name"].startswith("T curve"))
+    (t0, b0), (t1, b1) = curve[0], curve[-1]
+    assert b1 / b0 == pytest.approx(t1 / t0, rel=0.02)
+
+
+@pytest.mark.parametrize("spec", ["identity", "fp16", "bf16", "topk(0.01)", "topk(0.5)", "randk(0.2)",
+                                  "quant(2)", "quant(3)", "quant(8)", "quant(4,scale=fp32)"])
+@pytest.mark.parametrize("shape", [(3, 5, 7), (4, 128, 128), (2, 300, 200)])
+def test_achieved_payload_equals_the_analytical_size(spec, shape):
+    comp = build_compressor(spec)
+    x = torch.randn(*shape)
+    assert comp.compress(x, seed=3).nbytes == analytical_bytes(comp, shape)
+
+
+def test_summary_and_ratios():
+    s = summary([3.0, 1.0, 2.0])
+    assert (s["median"], s["min"], s["max"], s["repeats"]) == (2.0, 1.0, 3.0, 3)
+    assert s["spread"] == pytest.approx(1.0)
+    r = row("x", "a", "throughput", "tokens/s", [2.0, 4.0], reference="b", ratios=pairwise([2.0, 4.0], [1.0, 4.0]), goal=1.2)
+    assert r["ratio"] == pytest.approx(1.5) and r["goal_met"] is True
+    with pytest.raises(ValueError, match="as many repeats"):
+        pairwise([1.0], [1.0, 2.0])
+    assert not all_finite({"a": [1.0, float("nan")]})
+
+
+@pytest.mark.parametrize("text,message", [
+    ("preset: full\nrepeats: 0\n", r"repeats=0: must be a positive integer"),
+    ("preset: full\nstages: [2, 5]\n", r"stages 5: need 2 <= K and K dividing n_layer=12"),
+    ("preset: full\nbatch_size: 10\n", r"batch_size=10 must divide into micro_batches=4"),
+    ("preset: full\nmla_rope_widths: [8, 16]\n", r"must include 0"),
+    ("preset: full\nseq_lengths: [64]\n", r"must include block_size=128"),
+    ("preset: full\nnetwork_runs: [{method: ef21, fwd_compressor: quant(4), bwd_compressor: quant(4)}]\n",
+     r"must start with method 'none'"),
+    ("preset: full\ncompressors: [quant(9)]\n", r"quant bits=9"),
+    ("preset: full\nsections: [speed]\n", r"sections=\['speed'\]"),
+    ("preset: fast\n", r"preset='fast'"),
+    ("preset: full\nrepeat: 3\n", r"unknown fields \['repeat'\]"),
+])
+def test_bad_bench_settings_fail_early(tmp_path, text, message):
+    path = tmp_path / "bench.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        load_settings(path)
+
+
+def test_bench_cli_reports_bad_input_without_writing(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert bench_main(["--settings", str(tmp_path / "missing.yaml"), "--out", str(out)]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert bench_main(["--preset", "quick", "--sections", "gpu", "--out", str(out)]) == 2
+    assert "sections=['gpu']" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_shipped_presets_load():
+    for preset in ("full", "quick"):
+        s = load_settings(preset)
+        assert s.preset == preset and s.sections == SECTIONS
