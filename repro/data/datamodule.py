@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from repro.files import write_atomic
 
+from .resumable_shuffle import ResumableShuffleBatches
 from .corpus import CORPUS_KINDS, DocumentSplit, load_documents, split_documents
 from .tokenizer import TOKENIZER_KINDS, TextTokenizer, load_or_train_tokenizer
 
@@ -223,16 +224,25 @@ class TextDataModule(L.LightningDataModule):
 
     # ------------------------------------------------------------------ loaders
     def train_dataloader(self) -> DataLoader:
-        generator = torch.Generator().manual_seed(self.shuffle_seed)
+        """Shuffled batches (the order of ``DataLoader(shuffle=True, generator=seeded)``, the last
+        partial batch dropped) that start where a resumed run left off, mid-epoch included."""
+        epoch, batch = self._resume_position()
+        sampler = ResumableShuffleBatches(len(self.train_set), self.batch_size, self.shuffle_seed, epoch, batch)
         return DataLoader(
             self.train_set,
-            batch_size=self.batch_size,
-            shuffle=True,
-            drop_last=True,
-            generator=generator,
+            batch_sampler=sampler,
+            generator=torch.Generator(),  # the loader's own seed draw leaves the global RNG alone
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
         )
+
+    def _resume_position(self) -> tuple[int, int]:
+        """(epoch, batches done in it) of the attached trainer: (0, 0) for a fresh run, the
+        checkpoint's position for a resumed one (Lightning restores its loops first)."""
+        trainer = self.trainer
+        if trainer is None or trainer.state.fn != "fit":
+            return 0, 0
+        return trainer.current_epoch, trainer.fit_loop.epoch_loop.batch_progress.current.ready
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=self.eval_batch_size, shuffle=False, num_workers=self.num_workers)

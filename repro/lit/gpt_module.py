@@ -93,10 +93,16 @@ class GPTLightningModule(L.LightningModule):
     Args:
         gpt: Architecture of the model (per-layer RoPE widths, MHA or MLA, sizes).
         optim: Optimizer and learning-rate schedule.
+        nonfinite: A NaN or inf training loss: 'raise' (stop, naming the step) or 'skip' the step's
+            update. (With strategy='clapping' the strategy's own ``nonfinite`` option applies.)
     """
 
-    def __init__(self, gpt: GPTConfig, optim: OptimConfig | None = None) -> None:
+    def __init__(self, gpt: GPTConfig, optim: OptimConfig | None = None, nonfinite: Literal["raise", "skip"] = "raise") -> None:
         super().__init__()
+        if nonfinite not in ("raise", "skip"):
+            raise ValueError(f"model.nonfinite={nonfinite!r}: allowed values are ('raise', 'skip')")
+        self.nonfinite = nonfinite
+        self.skipped_steps = 0
         # load_from_checkpoint passes the saved hyperparameters back as plain dicts
         gpt = GPTConfig(**gpt) if isinstance(gpt, dict) else gpt
         optim = OptimConfig(**optim) if isinstance(optim, dict) else optim
@@ -110,9 +116,17 @@ class GPTLightningModule(L.LightningModule):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)
 
-    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor | None:
         _, loss = self.model(batch["input_ids"], batch["targets"])
         self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        if not bool(torch.isfinite(loss)):
+            if self.nonfinite == "raise":
+                raise FloatingPointError(
+                    f"non-finite training loss ({float(loss)}) at training step {self.global_step}; training stopped "
+                    f"before the optimizer step (set model.nonfinite='skip' to skip such steps)"
+                )
+            self.skipped_steps += 1
+            return None  # Lightning skips the backward pass and the optimizer step
         return loss
 
     # ------------------------------------------------------------------ pipeline stage protocol

@@ -3,6 +3,8 @@ micro-batch schedules, the compressors and the communication methods."""
 
 from .compressors import build_compressor
 from .methods import METHODS, ChannelCodec, MessageContext
+from .p2p import PipelineTimeout
+from .runner import NonFiniteError
 from .stage_protocol import PipelineStageModule, StageParts
 from .strategy import ClappingStrategy
 
@@ -21,6 +23,8 @@ __all__ = [
     "ChannelCodec",
     "ClappingStrategy",
     "MessageContext",
+    "NonFiniteError",
+    "PipelineTimeout",
     "PipelineStageModule",
     "StageParts",
     "build_compressor",

@@ -160,6 +160,20 @@ class ChannelCodec:
         return h
 
     # ------------------------------------------------------------------ state
+    def snapshot(self, sample_ids: torch.Tensor | None) -> dict:
+        """The state before a step, for ``restore`` (a step skipped for non-finite values). Slot
+        buffers are replaced, never written in place, so keeping the dict is enough; AQ-SGD rows
+        are written in place, so the step's rows are copied."""
+        snap: dict = {"slots": dict(self.slots)}
+        if self.sample_buffers is not None and sample_ids is not None:
+            snap["rows"] = self.sample_buffers.snapshot(sample_ids)
+        return snap
+
+    def restore(self, snap: dict) -> None:
+        self.slots = dict(snap["slots"])
+        if "rows" in snap:
+            self.sample_buffers.restore(snap["rows"])
+
     @property
     def buffer_nbytes(self) -> int:
         total = sum(h.numel() * h.element_size() for h in self.slots.values())

@@ -10,6 +10,8 @@ from .methods import METHODS
 from .sample_buffers import SAMPLE_STORAGE
 from .schedule import SCHEDULES
 
+NONFINITE = ("raise", "skip")  # what a step with a NaN or inf message or loss does
+
 
 @dataclass
 class PipelineOptions:
@@ -31,6 +33,7 @@ class PipelineOptions:
     sample_id_key: str = "sample_id"  # batch key of the sample ids (aqsgd)
     bandwidth_mbps: float | None = None  # emulated link speed: each send waits bytes*8/bandwidth s; None = off
     timeout_s: float = 300.0  # seconds any receive or collective may wait before the rank gives up
+    nonfinite: str = "raise"  # NaN/inf in a message or the loss: 'raise' (stop, naming step, boundary, direction) or 'skip' the update
 
     def __post_init__(self) -> None:
         def positive_int(name, value, allow_none=False):
@@ -71,6 +74,8 @@ class PipelineOptions:
             isinstance(self.bandwidth_mbps, bool) or not isinstance(self.bandwidth_mbps, (int, float)) or self.bandwidth_mbps <= 0
         ):
             raise ValueError(f"strategy bandwidth_mbps={self.bandwidth_mbps!r}: must be > 0 or null")
+        if self.nonfinite not in NONFINITE:
+            raise ValueError(f"strategy nonfinite={self.nonfinite!r}: allowed values are {NONFINITE}")
         if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or self.timeout_s <= 0:
             raise ValueError(f"strategy timeout_s={self.timeout_s!r}: must be > 0")
 

@@ -20,6 +20,10 @@ from .schedule import Action, forward_schedule
 from .stage_protocol import StageSplit
 
 
+class NonFiniteError(FloatingPointError):
+    """A message or the loss of a training step held NaN or inf (the message names where)."""
+
+
 @dataclass
 class DirectionStats:
     """What one direction of one boundary sent during a step (sender side)."""
@@ -28,6 +32,7 @@ class DirectionStats:
     raw_bytes: int = 0  # bytes the exact message would take (method none)
     rel_error_sum: float | torch.Tensor = 0.0  # sum over messages of ||x_hat - x|| / ||x|| (a device tensor once set)
     messages: int = 0
+    nonfinite: float | torch.Tensor = 0.0  # messages whose decoded value x_hat held NaN or inf (a device tensor once set)
 
 
 @dataclass
@@ -132,10 +137,13 @@ class StageRunner:
         if stats is not None:
             stats.payload_bytes += payload.nbytes
             stats.raw_bytes += x.numel() * x.element_size()
-            # kept on the device: one host sync per step (in the strategy's reduction), not per message
-            rel = torch.linalg.vector_norm(x_hat.float() - x.float()) / torch.linalg.vector_norm(x.float()).clamp_min(1e-30)
-            stats.rel_error_sum = stats.rel_error_sum + rel
+            if codec.mode(m, ctx) != "full":  # a full message is exact: its error is 0
+                # kept on the device: one host sync per step (in the strategy's reduction), not per message
+                rel = torch.linalg.vector_norm(x_hat.float() - x.float()) / torch.linalg.vector_norm(x.float()).clamp_min(1e-30)
+                stats.rel_error_sum = stats.rel_error_sum + rel
             stats.messages += 1
+            # x_hat is what the receiver uses (a compressor can overflow: fp16 casts, fp16 scales)
+            stats.nonfinite = stats.nonfinite + (~torch.isfinite(x_hat)).any().to(torch.float32)
 
     # ------------------------------------------------------------------ steps
     def train_step(

@@ -77,6 +77,18 @@ class SampleBuffers:
         self.rows[ids.to(self.rows.device)] = values.detach().to(self.rows.device, self.rows.dtype)
         self.filled[ids] = True
 
+    def snapshot(self, ids: torch.Tensor) -> dict:
+        """What ``restore`` needs to undo this step's writes to the rows ``ids``."""
+        ids = self._check_ids(ids).unique()
+        rows = None if self.rows is None else self.rows[ids.to(self.rows.device)].clone()
+        return {"ids": ids, "rows": rows, "filled": self.filled[ids].clone()}
+
+    def restore(self, snap: dict) -> None:
+        ids = snap["ids"]
+        if snap["rows"] is not None:
+            self.rows[ids.to(self.rows.device)] = snap["rows"]
+        self.filled[ids] = snap["filled"]
+
     @property
     def nbytes(self) -> int:
         """Bytes the rows take (in memory or on disk)."""
