@@ -76,13 +76,14 @@ def fit(tmp_path, dm, module, strategy, steps=4, callbacks=(), **trainer_kwargs)
     out.mkdir(exist_ok=True)
     L.seed_everything(0, verbose=False)
     devices = trainer_kwargs.pop("devices", None)
+    ckpt_path = trainer_kwargs.pop("ckpt_path", None)
     trainer = L.Trainer(
         accelerator="cpu", devices=devices or 1, strategy=strategy, max_steps=steps, logger=False,
         enable_checkpointing=trainer_kwargs.pop("enable_checkpointing", False), enable_progress_bar=False, enable_model_summary=False,
         num_sanity_val_steps=0, limit_val_batches=trainer_kwargs.pop("limit_val_batches", 0), callbacks=[Recorder(out, grads=True), *callbacks],
         **trainer_kwargs,
     )
-    trainer.fit(module, dm)
+    trainer.fit(module, dm, ckpt_path=ckpt_path)
     return [torch.load(p) for p in sorted(out.glob("rank*.pt"))]
 
 

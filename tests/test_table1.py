@@ -6,6 +6,7 @@ import csv
 import importlib
 import json
 import math
+import signal
 import sys
 from pathlib import Path
 
@@ -99,6 +100,24 @@ def test_a_second_call_reuses_every_run(smoke_table, monkeypatch):
     doc = json.loads((out / "table1.json").read_text())
     assert doc["runs_trained"] == 0 and doc["runs_reused"] > 0
     assert {p: p.stat().st_mtime_ns for p in results} == before
+    assert doc["rows"] == smoke_table["doc"]["rows"]
+
+
+@pytest.mark.slow
+def test_a_reproduction_killed_midway_finishes_with_the_same_table(smoke_table):
+    """SIGKILL to the whole process group (workers included) once a few runs are done; the rerun
+    trains the rest and writes the same table as the uninterrupted one."""
+    from test_interrupted_orchestrators import interrupt, run_to_end
+
+    work = smoke_table["work"]
+    out = work / "results" / "killed"
+    args = ["table1", "--settings", str(SMOKE), "--out", str(out)]
+    code = interrupt(args, work, lambda: len(list(out.rglob("runs/*.json"))) >= 3, signal.SIGKILL)
+    assert code != 0
+    assert not (out / "table1.json").exists()
+    run_to_end(args, work)
+    doc = json.loads((out / "table1.json").read_text())
+    assert doc["runs_reused"] >= 3
     assert doc["rows"] == smoke_table["doc"]["rows"]
 
 

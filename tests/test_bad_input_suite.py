@@ -1,0 +1,128 @@
+"""Bad input across the suite, table-driven: every command, given a wrong type, an out-of-range
+value, inconsistent lengths, a missing or empty file, a corrupt or truncated checkpoint, a
+checkpoint or profile of another model, or non-UTF-8 text, fails early (exit code 2 or a
+ValueError) with a message naming the field or the file, and leaves no output behind."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import CONFIGS
+from repro.cli import main as repro_main
+
+SMOKE = (CONFIGS / "smoke.yaml").read_text()
+
+
+def _files(root: Path, cache: Path) -> dict[str, str]:
+    """The bad (and good) inputs the cases refer to, as {name: path}."""
+    files: dict[str, str] = {}
+
+    def put(name: str, data: bytes | str) -> None:
+        path = root / name
+        path.write_bytes(data if isinstance(data, bytes) else data.encode())
+        files[name.replace(".", "_")] = str(path)
+
+    cached = SMOKE.replace("  shuffle_seed: 0\n", f"  shuffle_seed: 0\n  cache_dir: {cache}\n")
+    put("good.yaml", cached)
+    put("rope_len.yaml", cached.replace("rope_dims: [16, 4, 4]", "rope_dims: [16, 4]"))
+    put("rope_odd.yaml", cached.replace("rope_dims: [16, 4, 4]", "rope_dims: [16, 5, 4]"))
+    put("heads_type.yaml", cached.replace("n_head: 4", "n_head: four"))
+    put("lr_negative.yaml", cached.replace("lr: 0.003", "lr: -0.003"))
+    put("steps_type.yaml", cached.replace("max_steps: 50", "max_steps: fifty"))
+    put("unknown_key.yaml", cached.replace("  batch_size: 16\n", "  batch_size: 16\n  batchsize: 16\n"))
+    put("not_yaml.yaml", "model: [unclosed\n  gpt: {\n")
+    put("empty.yaml", "")
+    put("utf8_bad.txt", b"to be or not \xff\xfe to be\n" * 50)
+    put("empty.txt", "")
+    non_utf8 = cached.replace("  corpus: shakespeare\n", f"  corpus: text_files\n  text_files: [{root / 'utf8_bad.txt'}]\n")
+    put("non_utf8.yaml", non_utf8.replace("tokenizer: bpe", "tokenizer: char"))
+    empty_corpus = cached.replace("  corpus: shakespeare\n", f"  corpus: text_files\n  text_files: [{root / 'empty.txt'}]\n")
+    put("empty_corpus.yaml", empty_corpus.replace("tokenizer: bpe", "tokenizer: char"))
+    put("bad_strategy.yaml", cached.replace("  devices: 1\n", "  devices: 2\n  strategy:\n    class_path: repro.pipeline.ClappingStrategy\n"
+                                            "    init_args:\n      method: ef22\n"))
+    gpt = dict(n_layer=3, n_embd=64, n_head=2, rope_dims=[16, 4, 4], vocab_size=512, block_size=64)
+    torch.save({"hyper_parameters": {"gpt": gpt}, "state_dict": {}}, root / "other_model.ckpt")
+    files["other_model_ckpt"] = str(root / "other_model.ckpt")
+    whole = (root / "other_model.ckpt").read_bytes()
+    put("truncated.ckpt", whole[: len(whole) // 2])
+    put("garbage.ckpt", b"this is not a checkpoint" * 10)
+    put("empty.ckpt", b"")
+    put("three_layers.json", json.dumps({"kind": "coverage_benefit", "values": [0.1, 0.2, 0.3]}))
+    put("nan.json", '{"kind": "coverage_benefit", "values": [0.1, NaN, 0.2]}')
+    put("not_json.json", "{values: [0.1")
+    put("not_object.json", "[0.1, 0.2, 0.3]")
+    put("bad_table1.yaml", (CONFIGS / "table1" / "smoke.yaml").read_text() + "profile_seedz: [0]\n")
+    put("bad_clapping.yaml", (CONFIGS / "clapping" / "smoke.yaml").read_text().replace("[0.5]", "[1.5]"))
+    put("bad_bench.yaml", "preset: quick\nrepeats: -1\n")
+    files["missing"] = str(root / "missing.yaml")
+    files["smoke_target"] = str(CONFIGS / "smoke_target.yaml")
+    return files
+
+
+# (case id, command line, regex the error must contain)
+CASES = [
+    ("fit: missing config file", "fit --config {missing}", r"missing\.yaml"),
+    ("fit: config is not YAML", "fit --config {not_yaml_yaml}", r"not_yaml\.yaml"),
+    ("fit: empty config", "fit --config {empty_yaml}", r"model\.gpt|gpt"),
+    ("fit: rope_dims length", "fit --config {rope_len_yaml}", r"rope_dims has 2 entries but n_layer=3"),
+    ("fit: odd rope width", "fit --config {rope_odd_yaml}", r"rope_dims\[1\]=5: must be an even integer"),
+    ("fit: wrong type", "fit --config {heads_type_yaml}", r"n_head"),
+    ("fit: negative lr", "fit --config {lr_negative_yaml}", r"optim\.lr=-0\.003: must be > 0"),
+    ("fit: trainer wrong type", "fit --config {steps_type_yaml}", r"max_steps"),
+    ("fit: unknown key", "fit --config {unknown_key_yaml}", r"batchsize"),
+    ("fit: non-UTF-8 corpus", "fit --config {non_utf8_yaml}", r"utf8_bad\.txt.*UTF-8|UTF-8.*utf8_bad\.txt"),
+    ("fit: empty corpus file", "fit --config {empty_corpus_yaml}", r"empty\.txt"),
+    ("fit: bad strategy option", "fit --config {bad_strategy_yaml}", r"method='ef22': allowed values"),
+    ("validate: missing checkpoint", "validate --config {good_yaml} --ckpt_path={missing}", r"ckpt_path=.*missing\.yaml.*no such file"),
+    ("validate: garbage checkpoint", "validate --config {good_yaml} --ckpt_path={garbage_ckpt}", r"garbage\.ckpt.*not a readable checkpoint"),
+    ("validate: truncated checkpoint", "validate --config {good_yaml} --ckpt_path={truncated_ckpt}", r"truncated\.ckpt.*not a readable checkpoint"),
+    ("validate: empty checkpoint", "validate --config {good_yaml} --ckpt_path={empty_ckpt}", r"empty\.ckpt.*not a readable checkpoint"),
+    ("validate: checkpoint of another model", "validate --config {good_yaml} --ckpt_path={other_model_ckpt}",
+     r"does not match the config's model \(n_head: checkpoint 2 vs config 4\)"),
+    ("profile: checkpoint of another model", "profile phase-off --config {good_yaml} --ckpt-path {other_model_ckpt} --out {out}",
+     r"does not match the config's model"),
+    ("profile: corrupt checkpoint", "profile phase-off --config {good_yaml} --ckpt-path {garbage_ckpt} --out {out}", r"garbage\.ckpt' cannot be read"),
+    ("profile: zero steps", "profile coverage --config {good_yaml} --steps 0 --out {out}", r"coverage profile steps=0: must be a positive integer"),
+    ("allocate: profile of another model", "allocate --config {smoke_target} --method profiled --benefit {three_layers_json} --out {out}",
+     r"profile has 3 layers but the model has 6"),
+    ("allocate: non-finite profile", "allocate --config {good_yaml} --method profiled --benefit {nan_json} --out {out}", r"not finite"),
+    ("allocate: profile is not JSON", "allocate --config {good_yaml} --method profiled --benefit {not_json_json} --out {out}", r"not_json\.json"),
+    ("allocate: profile is not an object", "allocate --config {good_yaml} --method profiled --benefit {not_object_json} --out {out}", r"not_object\.json"),
+    ("allocate: missing profile", "allocate --config {good_yaml} --method profiled --benefit {missing} --out {out}", r"missing\.yaml"),
+    ("allocate: budget out of range", "allocate --config {good_yaml} --budget 1.5 --out {out}", r"outside \[low, high\]"),
+    ("transfer: no target layers", "transfer --profile {three_layers_json} --target-layers 0 --out {out}", r"at least one layer"),
+    ("table1: unknown settings field", "table1 --settings {bad_table1_yaml} --out {outdir}", r"profile_seedz"),
+    ("table1: missing settings", "table1 --settings {missing} --out {outdir}", r"missing\.yaml"),
+    ("clapping: p out of range", "clapping --settings {bad_clapping_yaml} --out {outdir}", r"clapping_p|1\.5"),
+    ("clapping: unknown scale", "clapping --scale huge --out {outdir}", r"huge"),
+    ("bench: bad settings", "bench --settings {bad_bench_yaml} --out {outdir}", r"repeats=-1: must be a positive integer"),
+]
+
+
+@pytest.mark.parametrize("case, command, message", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_fails_early_naming_it_and_writes_nothing(case, command, message, tmp_path, data_cache, capsys, monkeypatch):
+    work = tmp_path / "work"
+    work.mkdir()
+    files = _files(work, data_cache)
+    monkeypatch.chdir(work)
+    before = {p for p in work.rglob("*")}
+    args = command.format(**files, out=str(work / "out.json"), outdir=str(work / "outdir")).split()
+    with pytest.raises((SystemExit, ValueError, FileNotFoundError)) as info:
+        repro_main(args)
+    if isinstance(info.value, SystemExit):
+        assert info.value.code not in (0, None), case
+        text = capsys.readouterr().err
+    else:
+        text = str(info.value)
+    assert __import__("re").search(message, text, __import__("re").S), f"{case}: {text[-2000:]}"
+    created = {p for p in work.rglob("*")} - before
+    # nothing but caches (the tokenizer) may appear: no results, logs or checkpoints
+    assert not [p for p in created if ".cache" not in p.parts], f"{case}: wrote {sorted(created)}"
+
+
+def test_there_are_at_least_25_cases():
+    assert len(CASES) >= 25
