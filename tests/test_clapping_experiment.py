@@ -118,3 +118,10 @@ def test_bad_clapping_settings_fail_with_the_field(override, fragment, tmp_path)
     path.write_text("\n".join(lines + [override]) + "\n")
     with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
         load_clapping_settings(path)
+
+
+def test_the_table_records_what_reruns_each_row(smoke):
+    """Commit, settings, model config and seeds, and per run its method, compressor, p and seed."""
+    settings, report, out = smoke
+    assert report["git_commit"] and report["settings"] and report["model_config"] and report["seeds"] == [0]
+    assert all({"method", "compressor", "p", "seed", "fingerprint"} <= set(run) for run in report["runs"])

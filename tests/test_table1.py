@@ -223,3 +223,14 @@ def test_a_gpu_scale_on_a_machine_without_a_gpu_fails_before_any_run(tmp_path, c
     assert table1_main(["--scale", "paper", "--out", str(tmp_path / "out")]) == 2
     assert "no CUDA GPU" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_the_table_records_what_reruns_each_row(smoke_table):
+    """Commit, settings, seeds, and per run its config, widths and seed (the rerun recipe)."""
+    doc = smoke_table["doc"]
+    assert doc["git_commit"] and doc["settings"]["scale"] == "smoke" and doc["seeds"] == [0]
+    for arch in ARCHS:
+        a = doc["architectures"][arch]
+        assert Path(REPO_ROOT / a["target_config"]).is_file() or Path(a["target_config"]).is_file()
+        assert a["runs"] and all({"widths", "seed", "result"} <= set(run) for run in a["runs"].values())
