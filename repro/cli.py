@@ -1,7 +1,8 @@
 """Command line: ``repro fit|validate|test|predict --config paper_configs/<x>.yaml`` (LightningCLI),
 and ``repro profile|allocate|transfer|account|analyze`` (RoPE allocation, ``repro.alloc.cli``), and
-``repro table1`` (``make reproduce-table1``, ``repro.experiments.table1``) and ``repro clapping``
-(``make reproduce-clapping``, ``repro.experiments.clapping``).
+``repro table1`` (``make reproduce-table1``, ``repro.experiments.table1``), ``repro clapping``
+(``make reproduce-clapping``, ``repro.experiments.clapping``) and ``repro bench`` (``make bench``,
+``repro.bench.run``).
 
 The model's ``vocab_size`` is linked from the datamodule's trained tokenizer and its
 ``block_size`` from the data's block size, so a config names each only once. When

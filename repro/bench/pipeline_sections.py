@@ -20,11 +20,11 @@ def bench_pipeline(s: BenchSettings, progress: Callable[[str], None], store: dic
     one: list[float] = []
     ours: dict[int, list[dict]] = {k: [] for k in s.stages}
     ref: dict[int, list[dict]] = {k: [] for k in s.stages}
-    for r in range(s.repeats):
-        progress(f"pipeline: repeat {r + 1} of {s.repeats}: one process")
+    for r in range(s.pipe_repeats):
+        progress(f"pipeline: repeat {r + 1} of {s.pipe_repeats}: one process")
         one.append(one_process_run(cfg, s, seed=r)["step_s"])
         for k in s.stages:
-            progress(f"pipeline: repeat {r + 1} of {s.repeats}: K={k} clapping, then torch.distributed.pipelining")
+            progress(f"pipeline: repeat {r + 1} of {s.pipe_repeats}: K={k} clapping, then torch.distributed.pipelining")
             ours[k].append(clapping_run(cfg, s, k, seed=r))
             ref[k].append(torch_pipelining_run(cfg, s, k, seed=r))
     store["pipeline"] = {"ours": ours, "torch": ref, "one_process_step_s": one}
@@ -50,9 +50,9 @@ def bench_network(s: BenchSettings, progress: Callable[[str], None]) -> list[dic
     cfg = gpt_config(s)
     k = s.network_stages
     results: dict[str, list[dict]] = {run.label: [] for run in s.network_runs}
-    for r in range(s.repeats):
+    for r in range(s.network_repeats):
         for run in s.network_runs:
-            progress(f"network {s.bandwidth_mbps:g} Mbps: repeat {r + 1} of {s.repeats}: {run.label}")
+            progress(f"network {s.bandwidth_mbps:g} Mbps: repeat {r + 1} of {s.network_repeats}: {run.label}")
             results[run.label].append(clapping_run(cfg, s, k, run, bandwidth_mbps=s.bandwidth_mbps, seed=r))
     base = s.network_runs[0].label
     base_step = [x["step_s"] for x in results[base]]

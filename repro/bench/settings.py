@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from repro.files import read_yaml
+from repro.files import read_settings_fields
 from repro.pipeline.compressors import build_compressor
 from repro.pipeline.methods import METHODS
 
@@ -47,6 +47,8 @@ class BenchSettings:
     warmup_steps: int = 5  # steps run before the clock starts (single process)
     timed_steps: int = 20  # steps timed per repeat (single process)
     rope_timed_steps: int = 10  # steps timed per repeat and variant (rope section; 6 variants)
+    pipe_repeats: int = 5  # repeats of the pipeline section (each run starts K processes)
+    network_repeats: int = 2  # repeats of the network section
     pipe_warmup_steps: int = 3  # steps run before the clock starts (pipeline runs)
     pipe_timed_steps: int = 8  # steps timed per repeat (pipeline runs)
     stages: tuple[int, ...] = (2, 4)  # K of the pipeline comparison and the scale curve
@@ -73,7 +75,7 @@ class BenchSettings:
         if self.preset not in PRESETS:
             raise ValueError(f"{where}: preset={self.preset!r}; allowed {PRESETS}")
         for name in ("n_layer", "n_embd", "n_head", "vocab_size", "block_size", "batch_size", "micro_batches",
-                     "repeats", "timed_steps", "rope_timed_steps", "pipe_timed_steps", "seq_stages", "network_stages", "compressor_repeats"):
+                     "repeats", "timed_steps", "rope_timed_steps", "pipe_repeats", "network_repeats", "pipe_timed_steps", "seq_stages", "network_stages", "compressor_repeats"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{where}: {name}={value!r}: must be a positive integer")
@@ -133,14 +135,7 @@ def load_settings(path_or_preset: str | Path) -> BenchSettings:
     path = settings_path(text) if text in PRESETS else Path(text)
     if not path.is_file():
         raise FileNotFoundError(f"bench settings {str(path)!r}: no such file; presets are {PRESETS}")
-    raw = read_yaml(path) or {}
-    if not isinstance(raw, dict):
-        raise ValueError(f"bench settings {str(path)!r}: must be a mapping of fields")
-    known = set(BenchSettings.__dataclass_fields__) - {"path"}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ValueError(f"bench settings {str(path)!r}: unknown fields {unknown}; allowed {sorted(known)}")
-    fields: dict[str, Any] = dict(raw)
+    fields: dict[str, Any] = read_settings_fields(path, "bench settings", set(BenchSettings.__dataclass_fields__) - {"path"})
     for name in ("stages", "mla_rope_widths", "seq_lengths", "compressors", "memory_sizes", "sections"):
         if name in fields:
             fields[name] = tuple(fields[name])

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from repro.files import read_yaml
+from repro.files import read_settings_fields
 from repro.pipeline.compressors import build_compressor
 
 SCALES = ("smoke", "cpu", "paper")
@@ -87,13 +87,7 @@ def settings_path(scale_or_path: str) -> Path:
 
 def load_clapping_settings(path: str | Path) -> ClappingSettings:
     path = Path(path)
-    doc = read_yaml(path, "clapping settings")
-    if not isinstance(doc, dict):
-        raise ValueError(f"clapping settings {str(path)!r}: expected a mapping of fields")
-    known = set(ClappingSettings.__dataclass_fields__) - {"path"}
-    unknown = sorted(set(doc) - known)
-    if unknown:
-        raise ValueError(f"clapping settings {str(path)!r}: unknown fields {unknown}; allowed {sorted(known)}")
+    doc = read_settings_fields(path, "clapping settings", set(ClappingSettings.__dataclass_fields__) - {"path"})
     for name in ("seeds", "methods", "compressors", "clapping_p", "memory_sizes"):
         if name in doc:
             doc[name] = tuple(doc[name])
