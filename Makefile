@@ -40,7 +40,7 @@ reproduce-clapping: install
 	$(VENV)/bin/repro clapping --scale $(SCALE) $(if $(strip $(SEEDS)),--seeds $(SEEDS))
 
 # make bench [QUICK=1]: speed, communication and memory against the plain alternatives, written to
-# results/bench/bench.{json,md} and printed (about 11 min; QUICK=1: the small subset, under 1 min).
+# results/bench/bench.{json,md} and printed (about 9 min here; QUICK=1: the small subset, about 15 s).
 bench: install
 	$(VENV)/bin/repro bench $(if $(QUICK),--preset quick)
 
