@@ -139,3 +139,20 @@ def test_an_interrupted_coverage_profile_resumes_to_the_same_profile(tmp_path, d
     whole = json.loads((tmp_path / "whole.json").read_text())
     cut = json.loads((tmp_path / "cut.json").read_text())
     assert cut["values"] == whole["values"]
+
+
+def test_a_ctrl_c_swallowed_mid_run_still_stops_the_orchestrator():
+    """Python drops a KeyboardInterrupt raised inside an at-fork callback ("Exception ignored");
+    the orchestrators remember the signal and stop before the next run."""
+    from repro.experiments.interrupts import remember_interrupts, stop_if_interrupted
+
+    with remember_interrupts():
+        stop_if_interrupted()  # nothing received yet
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+        except KeyboardInterrupt:
+            pass  # swallowed, as an at-fork callback would
+        with pytest.raises(KeyboardInterrupt, match="finished runs are kept"):
+            stop_if_interrupted()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

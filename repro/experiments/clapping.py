@@ -216,6 +216,7 @@ def model_config_path(settings: ClappingSettings) -> Path:
 def run_clapping(settings: ClappingSettings, out: Path, seeds: tuple[int, ...] | None = None,
                  quiet: bool = False, cache_dir: str | None = None) -> dict[str, Any]:
     from .clapping_report import build_report, write_report
+    from .interrupts import remember_interrupts, stop_if_interrupted
     from .table1 import check_accelerator
 
     check_accelerator(settings.accelerator)
@@ -243,12 +244,15 @@ def run_clapping(settings: ClappingSettings, out: Path, seeds: tuple[int, ...] |
     if not quiet:
         print(f"[clapping] {settings.scale}: {len(rows)} rows x {len(seeds)} seeds = {len(jobs)} runs of "
               f"{settings.steps} steps at K={settings.stages} (N={dataset_size} training samples)", file=sys.stderr)
-    for i, (row, seed) in enumerate(jobs, 1):
-        result = train_row(row, seed, settings, config, datamodule, runs_dir)
-        if not result.get("reused"):
-            trained_s.append(float(result.get("wall_s", 0.0)))
-        results.append(result)
-        _progress(i, len(jobs), result["name"], result, start, trained_s, quiet)
+    with remember_interrupts():
+        for i, (row, seed) in enumerate(jobs, 1):
+            stop_if_interrupted()  # a Ctrl-C lost during a fork still ends the reproduction here
+            result = train_row(row, seed, settings, config, datamodule, runs_dir)
+            if not result.get("reused"):
+                trained_s.append(float(result.get("wall_s", 0.0)))
+            results.append(result)
+            _progress(i, len(jobs), result["name"], result, start, trained_s, quiet)
+        stop_if_interrupted()
     memory = measure_memory(settings, config, dataset_size)
     report = build_report(settings, results, memory, seeds=seeds, dataset_size=dataset_size,
                           wall_s=time.perf_counter() - start, trained_runs=len(trained_s),

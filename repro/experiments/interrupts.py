@@ -1,0 +1,34 @@
+"""Ctrl-C that is never lost. Python raises KeyboardInterrupt from its SIGINT handler wherever the
+main thread is; raised inside an at-fork callback (the fork launcher starts ranks with os.fork) it
+is printed as "Exception ignored" and dropped, and the run goes on. ``remember_interrupts``
+records the signal as well, and ``stop_if_interrupted`` between runs ends the orchestrator."""
+
+from __future__ import annotations
+
+import signal
+from contextlib import contextmanager
+from typing import Iterator
+
+_received: list[int] = []
+
+
+def _handler(signum, frame) -> None:
+    _received.append(signum)
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def remember_interrupts() -> Iterator[None]:
+    """Within the block, SIGINT raises KeyboardInterrupt as usual and is also remembered."""
+    _received.clear()
+    previous = signal.signal(signal.SIGINT, _handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def stop_if_interrupted() -> None:
+    """Raise KeyboardInterrupt when a SIGINT arrived, even one whose exception was swallowed."""
+    if _received:
+        raise KeyboardInterrupt(f"interrupted (signal {_received[0]}); finished runs are kept, rerun to resume")
