@@ -59,10 +59,9 @@ def read_yaml(path: str | os.PathLike, what: str = "file") -> Any:
 
 
 def read_settings_fields(path: str | os.PathLike, what: str, known: set[str]) -> dict[str, Any]:
-    """The fields of a settings YAML (a mapping; an empty file is no fields); a key outside
-    ``known`` is an error naming it and listing what is allowed."""
+    """The fields of a settings YAML (a mapping); a key outside ``known`` is an error naming it
+    and listing what is allowed."""
     doc = read_yaml(path, what)
-    doc = {} if doc is None else doc
     if not isinstance(doc, dict):
         raise ValueError(f"{what} {str(path)!r}: expected a mapping of fields")
     unknown = sorted(set(doc) - known)

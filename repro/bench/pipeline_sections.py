@@ -3,6 +3,7 @@ one process, the emulated slow network, and the growth of step time and bytes wi
 
 from __future__ import annotations
 
+import statistics
 from typing import Any, Callable
 
 from .measure import pairwise, row
@@ -71,8 +72,8 @@ def bench_network(s: BenchSettings, progress: Callable[[str], None]) -> list[dic
             ratios=None if is_ref else pairwise(base_step, step),
             ratio_meaning=None if is_ref else "speed-up: step time of none / step time of this method",
             extra={"compression_ratio": ratio, "speedup_bound_1_over_ratio": 1.0 / ratio,
-                   "speedup_bound_amdahl": sorted(bound)[len(bound) // 2],
-                   "link_time_per_step_s": sorted(x["net_time_per_step_s"] for x in res)[len(res) // 2],
+                   "speedup_bound_amdahl": statistics.median(bound),
+                   "link_time_per_step_s": statistics.median(x["net_time_per_step_s"] for x in res),
                    "bytes_per_step": res[0]["bytes_per_step"], "stages": k},
         ))
     return rows

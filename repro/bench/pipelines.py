@@ -16,22 +16,18 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.fabric.plugins.environments.lightning import find_free_network_port
 
+from repro.files import write_json_atomic
 from repro.lit import GPTLightningModule
 from repro.models import GPT, GPTConfig
 
 from .settings import BenchSettings, NetworkRun
-from .workload import OPTIM, free_port, loader, peak_rss_bytes
+from .workload import OPTIM, loader, peak_rss_bytes
 
 
 def threads_per_process(k: int) -> int:
     return max(1, (os.cpu_count() or 1) // k)
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
 
 
 def _read_ranks(folder: Path, k: int) -> list[dict[str, Any]]:
@@ -62,7 +58,7 @@ class _RankReport(L.Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("pipe/")}
-        _write_json(self.folder / f"rank{trainer.global_rank}.json",
+        write_json_atomic(self.folder / f"rank{trainer.global_rank}.json",
                     {"times": self.times, "metrics": metrics, "peak_rss": peak_rss_bytes()})
 
 
@@ -155,7 +151,7 @@ def _torch_worker(rank: int, k: int, port: int, cfg: GPTConfig, s: BenchSettings
                 dist.all_reduce(tied.grad, group=tied_group)
             opt.step()
             times.append(time.perf_counter())
-        _write_json(Path(folder) / f"rank{rank}.json", {"times": times, "peak_rss": peak_rss_bytes()})
+        write_json_atomic(Path(folder) / f"rank{rank}.json", {"times": times, "peak_rss": peak_rss_bytes()})
     finally:
         dist.destroy_process_group()
 
@@ -165,7 +161,7 @@ def torch_pipelining_run(cfg: GPTConfig, s: BenchSettings, k: int, seed: int = 0
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="repro-bench-") as tmp:
-        mp.start_processes(_torch_worker, args=(k, free_port(), cfg, s, tmp, seed), nprocs=k, start_method="fork")
+        mp.start_processes(_torch_worker, args=(k, find_free_network_port(), cfg, s, tmp, seed), nprocs=k, start_method="fork")
         ranks = _read_ranks(Path(tmp), k)
     return {"step_s": _mean_step_s(ranks[0]["times"], s.pipe_warmup_steps), "peak_rss": [r["peak_rss"] for r in ranks]}
 

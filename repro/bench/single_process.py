@@ -29,15 +29,6 @@ class StepClock(L.Callback):
         self.times.append(time.perf_counter())
 
 
-def timed_rate(times: list[float], warmup: int, per_step: float) -> float:
-    """``per_step`` units per second over the steps after ``warmup`` (times are step ends)."""
-    if len(times) < warmup + 2:
-        raise RuntimeError(f"only {len(times)} steps were timed; need at least {warmup + 2}")
-    start = times[warmup - 1] if warmup > 0 else times[0]
-    steps = len(times) - warmup if warmup > 0 else len(times) - 1
-    return steps * per_step / (times[-1] - start)
-
-
 def lightning_times(cfg: GPTConfig, s: BenchSettings, steps: int, seed: int = 0) -> list[float]:
     """Step-end times of ``steps`` steps of Trainer.fit (one CPU process, no logger, no validation)."""
     torch.manual_seed(seed)
@@ -71,16 +62,6 @@ class PlainLoop:
         self.opt.step()
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)
-
-
-def plain_times(cfg: GPTConfig, s: BenchSettings, steps: int, seed: int = 0) -> list[float]:
-    """Step-end times of the plain loop."""
-    loop = PlainLoop(cfg, seed)
-    times = []
-    for batch in loader(s, steps, cfg.block_size):
-        loop.step(batch)
-        times.append(time.perf_counter())
-    return times
 
 
 class _PairedPlainSteps(L.Callback):

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import resource
-import socket
 from typing import Any
 
 import torch
@@ -47,12 +46,6 @@ def loader(s: BenchSettings, steps: int, block_size: int | None = None, shuffle:
     """Enough blocks for ``steps`` batches, in a fixed order."""
     data = RandomBlocks(steps * s.batch_size, block_size or s.block_size, s.vocab_size)
     return DataLoader(data, batch_size=s.batch_size, shuffle=shuffle, drop_last=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def peak_rss_bytes() -> int:

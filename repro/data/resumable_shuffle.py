@@ -39,12 +39,12 @@ class ResumableShuffleBatches(Sampler[list[int]]):
             raise ValueError(f"batch_size={batch_size}: the dataset has only {num_samples} samples")
         self.num_samples, self.batch_size, self.seed = num_samples, batch_size, seed
         self.epoch = start_epoch
-        self._start = (start_epoch, start_batch)
+        self._skip = start_batch  # batches the first iteration skips (a resume)
 
     def set_epoch(self, epoch: int) -> None:
         """The next iteration is ``epoch`` (from its first batch)."""
         self.epoch = epoch
-        self._start = (-1, 0)
+        self._skip = 0
 
     def __len__(self) -> int:
         return self.num_samples // self.batch_size
@@ -52,8 +52,7 @@ class ResumableShuffleBatches(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         epoch = self.epoch
         self.epoch += 1  # the next iteration is the next epoch (Lightning may stop this one early)
-        first = self._start[1] if epoch == self._start[0] else 0
-        self._start = (-1, 0)  # the resume offset applies once
+        first, self._skip = self._skip, 0  # the resume offset applies once
         order = epoch_order(self.num_samples, self.seed, epoch).tolist()
         for b in range(first, len(self)):
             yield order[b * self.batch_size : (b + 1) * self.batch_size]

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from repro.files import read_yaml
+from repro.files import read_settings_fields
 
 SCALES = ("smoke", "cpu", "paper")
 ARCHITECTURES = ("mha", "mla")
@@ -96,13 +96,7 @@ def _tuples(values: dict[str, Any]) -> dict[str, Any]:
 
 def load_table1_settings(path: str | Path) -> Table1Settings:
     path = Path(path)
-    doc = read_yaml(path, "table1 settings file")
-    if not isinstance(doc, dict):
-        raise ValueError(f"table1 settings file {str(path)!r}: expected a mapping of settings")
-    known = {f.name for f in fields(Table1Settings)} - {"path"}
-    unknown = sorted(set(doc) - known)
-    if unknown:
-        raise ValueError(f"table1 settings file {str(path)!r}: unknown fields {unknown}; allowed {sorted(known)}")
+    doc = read_settings_fields(path, "table1 settings file", {f.name for f in fields(Table1Settings)} - {"path"})
     base = path.parent
     for name in ("target", "source"):  # config paths are relative to the repository root or to the settings file
         if isinstance(doc.get(name), dict):

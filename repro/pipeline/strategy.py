@@ -392,7 +392,7 @@ class ClappingStrategy(ParallelStrategy):
         for p, g in earlier:
             p.grad = g
         loss = self._reduce_step(loss_sum, len(micro), stats)
-        faults = self._nonfinite_faults(loss)
+        faults = self._nonfinite_faults()
         if faults:
             where = "; ".join(faults)
             if opts.nonfinite == "raise":
@@ -411,7 +411,7 @@ class ClappingStrategy(ParallelStrategy):
         self._log_step(loss, batch, fresh)
         return loss
 
-    def _nonfinite_faults(self, loss: torch.Tensor) -> list[str]:
+    def _nonfinite_faults(self) -> list[str]:
         """Where this step's NaN or inf came from (the same list on every rank)."""
         faults = []
         for b in range(self.num_stages - 1):
@@ -419,7 +419,7 @@ class ClappingStrategy(ParallelStrategy):
                 if self._step_stats.get(f"nonfinite/b{b}_{direction}", 0.0) > 0:
                     src, dst = (b, b + 1) if direction == "fwd" else (b + 1, b)
                     faults.append(f"the {direction} message ({what}) of boundary {b}, stage {src} -> {dst}")
-        if not math.isfinite(float(loss)):
+        if not math.isfinite(self._step_stats["loss"]):
             faults.append(f"the loss (stage {self.num_stages - 1})")
         return faults
 
@@ -514,6 +514,7 @@ class ClappingStrategy(ParallelStrategy):
                 step_stats[f"raw_bytes/{tag}"] = values["raw_bytes"]
                 step_stats[f"rel_error/{tag}"] = values["rel_error_sum"] / max(values["messages"], 1)
                 step_stats[f"nonfinite/{tag}"] = values["nonfinite"]
+        step_stats["loss"] = float(vec[0])
         step_stats["bytes"] = sum(v for key, v in step_stats.items() if key.startswith("bytes/"))
         step_stats["raw_bytes"] = sum(v for key, v in step_stats.items() if key.startswith("raw_bytes/"))
         for key in list(step_stats):
