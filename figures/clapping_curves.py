@@ -13,7 +13,7 @@ from repro.lit.tensorboard_scalars import read_scalars
 
 
 def _curve(run: dict, results: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    beside = Path(results) / "clapping" / "runs" / run["name"] / "tb"  # the results folder may have moved
+    beside = Path(results) / "clapping" / "runs" / "tb" / run["name"]  # the results folder may have moved
     scalars = read_scalars(beside if beside.is_dir() else Path(run["tensorboard_dir"]))
     if "val/loss" not in scalars or "pipe/bytes_total" not in scalars:
         return None

@@ -1,8 +1,8 @@
 """repro: reproducibility suite for layer-wise RoPE allocation and Clapping.
 
-``import repro.pipeline`` (also done by ``repro.lit`` and the ``repro`` command) registers the
-pipeline strategy with Lightning as ``strategy="clapping"``. ``import repro`` alone imports no
-torch, so the accounting tools work without it.
+Layers, each importing only those below it: ``models``, ``data`` and ``pipeline`` (plain torch);
+``lit`` and ``pipeline.lightning`` (Lightning); ``runs`` (the engine every training run goes
+through); ``alloc`` (RoPE allocation science); ``experiments``; ``cli``.
 """
 
 __version__ = "0.1.0"

@@ -9,6 +9,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 
 def write_atomic(path: str | os.PathLike, data: bytes) -> None:
     path = Path(path)
@@ -47,8 +49,6 @@ def read_json(path: str | os.PathLike, what: str = "file") -> Any:
 
 def read_yaml(path: str | os.PathLike, what: str = "file") -> Any:
     """Parsed YAML of ``path``; a missing or malformed file is an error naming it."""
-    import yaml
-
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{what} {str(path)!r} does not exist")
@@ -56,15 +56,3 @@ def read_yaml(path: str | os.PathLike, what: str = "file") -> Any:
         return yaml.safe_load(path.read_text())
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise ValueError(f"{what} {str(path)!r} is not valid YAML: {exc}") from exc
-
-
-def read_settings_fields(path: str | os.PathLike, what: str, known: set[str]) -> dict[str, Any]:
-    """The fields of a settings YAML (a mapping); a key outside ``known`` is an error naming it
-    and listing what is allowed."""
-    doc = read_yaml(path, what)
-    if not isinstance(doc, dict):
-        raise ValueError(f"{what} {str(path)!r}: expected a mapping of fields")
-    unknown = sorted(set(doc) - known)
-    if unknown:
-        raise ValueError(f"{what} {str(path)!r}: unknown fields {unknown}; allowed {sorted(known)}")
-    return doc

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,8 @@ import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = REPO_ROOT / "paper_configs"
+MODELS = CONFIGS / "models"  # model configs per scale
+EXPERIMENTS = CONFIGS / "experiments"  # experiment settings per scale
 
 
 @pytest.fixture(autouse=True)
@@ -32,3 +35,14 @@ def smoke_datamodule(data_cache):
     dm = TextDataModule(vocab_size=512, block_size=64, batch_size=8, max_val_blocks=16, cache_dir=str(data_cache))
     dm.setup()
     return dm
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> Path:
+    """A small local corpus (a few thousand characters per document)."""
+    root = tmp_path_factory.mktemp("pipe-corpus")
+    rng = random.Random(0)
+    words = "the king a queen of castle sword night day love war and to my lord".split()
+    for d in range(12):
+        (root / f"doc{d}.txt").write_text(" ".join(rng.choice(words) for _ in range(700)) + "\n")
+    return root

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from repro.models import GPT, GPTConfig
+from repro.models import GPTConfig
+from repro.models.gpt import GPT
 from repro.models.rope import rope_table_builds
 
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import CONFIGS
+from conftest import EXPERIMENTS, MODELS
 from repro.cli import main as repro_main
 
-SMOKE = (CONFIGS / "smoke.yaml").read_text()
+SMOKE = (MODELS / "smoke" / "gpt_mha.yaml").read_text()
 
 
 def _files(root: Path, cache: Path) -> dict[str, str]:
@@ -42,7 +42,7 @@ def _files(root: Path, cache: Path) -> dict[str, str]:
     put("non_utf8.yaml", non_utf8.replace("tokenizer: bpe", "tokenizer: char"))
     empty_corpus = cached.replace("  corpus: shakespeare\n", f"  corpus: text_files\n  text_files: [{root / 'empty.txt'}]\n")
     put("empty_corpus.yaml", empty_corpus.replace("tokenizer: bpe", "tokenizer: char"))
-    put("bad_strategy.yaml", cached.replace("  devices: 1\n", "  devices: 2\n  strategy:\n    class_path: repro.pipeline.ClappingStrategy\n"
+    put("bad_strategy.yaml", cached.replace("  devices: 1\n", "  devices: 2\n  strategy:\n    class_path: repro.pipeline.lightning.ClappingStrategy\n"
                                             "    init_args:\n      method: ef22\n"))
     gpt = dict(n_layer=3, n_embd=64, n_head=2, rope_dims=[16, 4, 4], vocab_size=512, block_size=64)
     torch.save({"hyper_parameters": {"gpt": gpt}, "state_dict": {}}, root / "other_model.ckpt")
@@ -55,11 +55,12 @@ def _files(root: Path, cache: Path) -> dict[str, str]:
     put("nan.json", '{"kind": "coverage_benefit", "values": [0.1, NaN, 0.2]}')
     put("not_json.json", "{values: [0.1")
     put("not_object.json", "[0.1, 0.2, 0.3]")
-    put("bad_table1.yaml", (CONFIGS / "table1" / "smoke.yaml").read_text() + "profile_seedz: [0]\n")
-    put("bad_clapping.yaml", (CONFIGS / "clapping" / "smoke.yaml").read_text().replace("[0.5]", "[1.5]"))
+    shipped = lambda exp: (EXPERIMENTS / exp / "smoke.yaml").read_text().replace("../../models/", f"{MODELS}/")
+    put("bad_table1.yaml", shipped("table1") + "profile_seedz: [0]\n")
+    put("bad_clapping.yaml", shipped("clapping").replace("[0.5]", "[1.5]"))
     put("bad_bench.yaml", "preset: quick\nrepeats: -1\n")
     files["missing"] = str(root / "missing.yaml")
-    files["smoke_target"] = str(CONFIGS / "smoke_target.yaml")
+    files["smoke_target"] = str(MODELS / "smoke" / "gpt_mha_6_layers.yaml")
     return files
 
 
@@ -85,7 +86,7 @@ CASES = [
      r"does not match the config's model \(n_head: checkpoint 2 vs config 4\)"),
     ("profile: checkpoint of another model", "profile phase-off --config {good_yaml} --ckpt-path {other_model_ckpt} --out {out}",
      r"does not match the config's model"),
-    ("profile: corrupt checkpoint", "profile phase-off --config {good_yaml} --ckpt-path {garbage_ckpt} --out {out}", r"garbage\.ckpt' cannot be read"),
+    ("profile: corrupt checkpoint", "profile phase-off --config {good_yaml} --ckpt-path {garbage_ckpt} --out {out}", r"garbage\.ckpt': not a readable checkpoint"),
     ("profile: zero steps", "profile coverage --config {good_yaml} --steps 0 --out {out}", r"coverage profile steps=0: must be a positive integer"),
     ("allocate: profile of another model", "allocate --config {smoke_target} --method profiled --benefit {three_layers_json} --out {out}",
      r"profile has 3 layers but the model has 6"),

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from repro.bench.compressor_bench import analytical_bytes
-from repro.bench.measure import all_finite, pairwise, row, summary
-from repro.bench.run import main as bench_main
-from repro.bench.settings import SECTIONS, load_settings
+from repro.experiments.bench.compressor_bench import analytical_bytes
+from repro.experiments.bench.measure import all_finite, pairwise, row, summary
+from repro.experiments.bench.run import main as bench_main
+from repro.experiments.bench.settings import SECTIONS, load_settings
 from repro.pipeline.compressors import build_compressor
 
 ROW_KEYS = {"section", "name", "metric", "unit", "median", "min", "max", "spread", "repeats", "values",

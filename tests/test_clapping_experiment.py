@@ -3,18 +3,17 @@ must send (exactly, from the compressors' payload sizes), the memory claim, resu
 
 from __future__ import annotations
 
-import os
 import sys
-from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT
-from repro.experiments.clapping import plan_rows, run_clapping
-from repro.experiments.clapping_settings import load_clapping_settings
+from conftest import EXPERIMENTS, MODELS, REPO_ROOT
+from repro.experiments.clapping.plan import plan_rows
+from repro.experiments.clapping.run import run_clapping
+from repro.experiments.clapping.settings import load_clapping_settings
 from repro.pipeline.compressors import build_compressor
 
-SMOKE = REPO_ROOT / "paper_configs" / "clapping" / "smoke.yaml"
+SMOKE = EXPERIMENTS / "clapping" / "smoke.yaml"
 pytestmark = pytest.mark.slow
 
 
@@ -82,11 +81,11 @@ def test_aqsgd_memory_grows_with_n_and_clappings_does_not(smoke):
 def test_a_second_call_trains_nothing_and_writes_the_same_table(smoke, data_cache):
     settings, report, out = smoke
     before = (out / "clapping_table.md").read_text()
-    mtimes = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/result.json")}
+    mtimes = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*.json")}
     again = run_clapping(settings, out, quiet=True, cache_dir=str(data_cache))
     assert again["trained_runs"] == 0 and again["total_runs"] == report["total_runs"]
     assert (out / "clapping_table.md").read_text().split("commit")[0] == before.split("commit")[0]
-    assert {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/result.json")} == mtimes
+    assert {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*.json")} == mtimes
 
 
 def test_each_clapping_figure_is_drawn_from_the_smoke_results(smoke, tmp_path):
@@ -113,7 +112,8 @@ def test_each_clapping_figure_is_drawn_from_the_smoke_results(smoke, tmp_path):
 )
 def test_bad_clapping_settings_fail_with_the_field(override, fragment, tmp_path):
     key = override.split(":")[0]
-    lines = [line for line in SMOKE.read_text().splitlines() if not line.startswith(f"{key}:")]
+    text = SMOKE.read_text().replace("../../models/", f"{MODELS}/")
+    lines = [line for line in text.splitlines() if not line.startswith(f"{key}:")]
     path = tmp_path / "bad.yaml"
     path.write_text("\n".join(lines + [override]) + "\n")
     with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):

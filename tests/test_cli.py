@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import CONFIGS
+from conftest import MODELS
 from repro.lit.tensorboard_scalars import read_scalars
 
 
@@ -25,10 +25,10 @@ def run_repro(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.Comp
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["smoke.yaml", "smoke_mla.yaml"])
+@pytest.mark.parametrize("config", ["gpt_mha.yaml", "gpt_mla.yaml"])
 def test_fit_then_validate_from_a_config(config, tmp_path, data_cache):
     common = [
-        "--config", str(CONFIGS / config),
+        "--config", str(MODELS / "smoke" / config),
         f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}",
         f"--data.cache_dir={data_cache}",
         "--trainer.enable_progress_bar=false",
@@ -36,7 +36,7 @@ def test_fit_then_validate_from_a_config(config, tmp_path, data_cache):
     ]
     fit = run_repro(["fit", *common, "--trainer.max_steps=20", "--trainer.val_check_interval=10"], tmp_path)
     assert fit.returncode == 0, fit.stderr[-3000:]
-    name = yaml.safe_load((CONFIGS / config).read_text())["trainer"]["logger"]["init_args"]["name"]
+    name = yaml.safe_load((MODELS / "smoke" / config).read_text())["trainer"]["logger"]["init_args"]["name"]
     run_dir = tmp_path / "logs" / name / "version_0"
     scalars = read_scalars(run_dir)
     assert [step for step, _ in scalars["train/loss"]] == [4, 9, 14, 19]
@@ -52,7 +52,7 @@ def test_fit_then_validate_from_a_config(config, tmp_path, data_cache):
 
 
 def test_print_config_shows_per_layer_rope_widths(tmp_path):
-    out = run_repro(["fit", "--config", str(CONFIGS / "smoke.yaml"), "--print_config"], tmp_path)
+    out = run_repro(["fit", "--config", str(MODELS / "smoke" / "gpt_mha.yaml"), "--print_config"], tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     printed = yaml.safe_load(out.stdout)
     assert printed["model"]["gpt"]["rope_dims"] == [16, 4, 4]
@@ -71,7 +71,7 @@ def test_print_config_shows_per_layer_rope_widths(tmp_path):
 )
 def test_bad_model_config_fails_before_anything_is_built(override, message, tmp_path):
     out = run_repro(
-        ["fit", "--config", str(CONFIGS / "smoke.yaml"), override,
+        ["fit", "--config", str(MODELS / "smoke" / "gpt_mha.yaml"), override,
          f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}", f"--data.cache_dir={tmp_path / 'cache'}"],
         tmp_path,
     )
@@ -106,7 +106,7 @@ def test_pipeline_fit_from_the_cli_then_single_process_validate_of_its_checkpoin
         "--trainer.enable_progress_bar=false",
         "--trainer.log_every_n_steps=2",
     ]
-    fit = run_repro(["fit", "--config", str(CONFIGS / "smoke_pipeline.yaml"), *common,
+    fit = run_repro(["fit", "--config", str(MODELS / "smoke" / "pipeline.yaml"), *common,
                      "--trainer.strategy.init_args.start_method=fork", "--trainer.max_steps=6",
                      "--trainer.val_check_interval=6"], tmp_path)
     assert fit.returncode == 0, fit.stderr[-3000:]
@@ -121,7 +121,7 @@ def test_pipeline_fit_from_the_cli_then_single_process_validate_of_its_checkpoin
     ratio = scalars["pipe/compression_ratio"][-1][1]
     assert 0.1 < ratio < 0.3  # quant(4) forward, quant(8) backward: about 1/8 and 1/4 of fp32, plus scales
     val_loss = scalars["val/loss"][-1][1]
-    validate = run_repro(["validate", "--config", str(CONFIGS / "smoke_pipeline.yaml"), *common,
+    validate = run_repro(["validate", "--config", str(MODELS / "smoke" / "pipeline.yaml"), *common,
                           "--trainer.strategy=auto", "--trainer.devices=1",
                           f"--ckpt_path={run_dir / 'checkpoints' / 'final.ckpt'}"], tmp_path)
     assert validate.returncode == 0, validate.stderr[-3000:]

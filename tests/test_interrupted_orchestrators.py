@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT
+from conftest import MODELS
 
 pytestmark = pytest.mark.slow
 
-TINY_CLAPPING = """scale: smoke
-model: paper_configs/clapping/smoke_model.yaml
+TINY_CLAPPING = f"""scale: smoke
+model: {MODELS}/smoke/clapping.yaml
 steps: 8
 eval_every: 4
 val_batches: 2
@@ -87,7 +87,7 @@ def living_members(pgid: int) -> list[int]:
 
 
 def _results(folder: Path) -> list[Path]:
-    return sorted(folder.glob("runs/*/result.json"))
+    return sorted(folder.glob("runs/*.json"))
 
 
 def _clapping_numbers(table: dict) -> list[tuple]:
@@ -99,8 +99,6 @@ def _clapping_numbers(table: dict) -> list[tuple]:
 def clapping_work(tmp_path_factory):
     work = tmp_path_factory.mktemp("clapping-kill")
     (work / "tiny.yaml").write_text(TINY_CLAPPING)
-    # the settings' model path is relative to the repository
-    os.symlink(REPO_ROOT / "paper_configs", work / "paper_configs")
     run_to_end(["clapping", "--settings", "tiny.yaml", "--out", "whole", "--quiet"], work)
     return work, json.loads((work / "whole" / "clapping_table.json").read_text())
 
@@ -127,7 +125,7 @@ def test_an_interrupted_coverage_profile_resumes_to_the_same_profile(tmp_path, d
     """`repro profile coverage` SIGKILLed after its first run: the rerun trains only the rest and
     writes the same profile as an uninterrupted one."""
     config = tmp_path / "smoke.yaml"
-    text = (REPO_ROOT / "paper_configs" / "smoke.yaml").read_text()
+    text = (MODELS / "smoke" / "gpt_mha.yaml").read_text()
     config.write_text(text.replace("  shuffle_seed: 0\n", f"  shuffle_seed: 0\n  cache_dir: {data_cache}\n"))
     common = ["profile", "coverage", "--config", str(config), "--steps", "6", "--eval-every", "3", "--last-n", "2",
               "--seeds", "0"]
@@ -144,7 +142,7 @@ def test_an_interrupted_coverage_profile_resumes_to_the_same_profile(tmp_path, d
 def test_a_ctrl_c_swallowed_mid_run_still_stops_the_orchestrator():
     """Python drops a KeyboardInterrupt raised inside an at-fork callback ("Exception ignored");
     the orchestrators remember the signal and stop before the next run."""
-    from repro.experiments.interrupts import remember_interrupts, stop_if_interrupted
+    from repro.runs.interrupts import remember_interrupts, stop_if_interrupted
 
     with remember_interrupts():
         stop_if_interrupted()  # nothing received yet

@@ -14,7 +14,7 @@ import lightning as L
 import pytest
 import torch
 
-from test_pipeline_strategy import Recorder, corpus, fit, make_dm, make_module, pipeline  # noqa: F401  (fixture)
+from test_pipeline_strategy import Recorder, fit, make_dm, make_module, pipeline
 
 INF = float("inf")
 
@@ -115,7 +115,7 @@ class KillRank(L.Callback):
 def test_a_rank_killed_with_sigkill_ends_every_rank_naming_it(corpus, tmp_path):
     strategy = pipeline(4, timeout_s=30)
     start = time.perf_counter()
-    with pytest.raises(Exception, match=r"rank 2 \(pid \d+\) was killed by signal SIGKILL") as info:
+    with pytest.raises(Exception, match=r"rank 2 \(pid \d+\) was killed by signal SIGKILL"):
         fit(tmp_path, make_dm(corpus, tmp_path / "c"), make_module(), strategy, steps=10, devices=4,
             callbacks=[KillRank(2, 2)])
     assert time.perf_counter() - start < 60

@@ -7,13 +7,13 @@ import math
 import pytest
 import torch
 
-from repro.data.lazy_sampler import LazyBatchSampler
+from repro.data.sampler import LazyBatchSampler
 from repro.pipeline.compressors import build_compressor
-from repro.pipeline.methods import ChannelCodec, MessageContext
+from repro.pipeline.codecs import ChannelCodec, MessageContext
 from repro.pipeline.options import PipelineOptions
 from repro.pipeline.sample_buffers import SampleBuffers
 from repro.pipeline.schedule import stage_schedule
-from repro.pipeline.stage_protocol import layers_per_stage
+from repro.pipeline.stage_parts import layers_per_stage
 
 
 # ---------------------------------------------------------------------- schedules

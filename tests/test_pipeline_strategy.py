@@ -12,24 +12,11 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-import repro  # noqa: F401  (registers the strategy)
 from repro.data import TextDataModule
-from repro.data.lazy_sampler import LazyBatchSampler
 from repro.lit import GPTLightningModule
 from repro.models import GPTConfig
-from repro.pipeline import ClappingStrategy
+from repro.pipeline.lightning import ClappingStrategy
 from repro.pipeline.compressors import build_compressor
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    """A small local corpus (a few thousand characters per document)."""
-    root = tmp_path_factory.mktemp("pipe-corpus")
-    rng = random.Random(0)
-    words = "the king a queen of castle sword night day love war and to my lord".split()
-    for d in range(12):
-        (root / f"doc{d}.txt").write_text(" ".join(rng.choice(words) for _ in range(700)) + "\n")
-    return root
 
 
 def make_dm(corpus: Path, cache: Path, batch_size: int = 8) -> TextDataModule:
@@ -66,7 +53,7 @@ class Recorder(L.Callback):
         record = {"losses": self.losses, "grads": self.grad_steps, "digests": self.digests}
         s = trainer.strategy
         if isinstance(s, ClappingStrategy):
-            record.update(sent=dict(s.runner.links.counters.bytes_sent), totals=dict(s.totals),
+            record.update(sent=dict(s.runner.links.counters.bytes_sent), totals=s.totals.state_dict(),
                           metrics={k: float(v) for k, v in trainer.callback_metrics.items()})
         torch.save(record, self.out / f"rank{trainer.global_rank}.pt")
 
@@ -87,14 +74,6 @@ def fit(tmp_path, dm, module, strategy, steps=4, callbacks=(), **trainer_kwargs)
     return [torch.load(p) for p in sorted(out.glob("rank*.pt"))]
 
 
-class SameBatchesDataModule(TextDataModule):
-    """The single-process reference: the strategy's sampler at p = 1."""
-
-    def train_dataloader(self):
-        sampler = LazyBatchSampler(len(self.train_set), self.batch_size, 1.0, self.shuffle_seed)
-        return DataLoader(self.train_set, batch_sampler=sampler)
-
-
 def pipeline(devices: int, **kwargs) -> ClappingStrategy:
     kwargs.setdefault("micro_batches", 2)
     kwargs.setdefault("timeout_s", 60)
@@ -105,8 +84,7 @@ def pipeline(devices: int, **kwargs) -> ClappingStrategy:
 @pytest.fixture(scope="module")
 def single_process_reference(corpus, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("reference")
-    dm = SameBatchesDataModule(corpus="text_files", text_files=[str(corpus / "*.txt")], tokenizer="char",
-                               block_size=32, batch_size=8, max_val_blocks=16, val_fraction=0.2, cache_dir=str(tmp / "c"))
+    dm = make_dm(corpus, tmp / "c")  # the datamodule's own loader: the same batches as the pipeline's at p = 1
     L.seed_everything(0, verbose=False)
     module = make_module()
     return fit(tmp, dm, module, "auto", steps=4, gradient_clip_val=0.5)[0]
@@ -152,10 +130,10 @@ def test_clapping_buffers_are_bit_identical_and_logged_bytes_are_the_bytes_sent(
     for b in range(k - 1):
         sent_fwd = records[b]["sent"]["fwd"]
         sent_bwd = records[b + 1]["sent"]["bwd"]
-        assert totals[f"bytes/b{b}_fwd"] == sent_fwd == 5 * 2 * per_message["fwd"]
-        assert totals[f"bytes/b{b}_bwd"] == sent_bwd == 5 * 2 * per_message["bwd"]
+        assert totals["bytes"][f"b{b}_fwd"] == sent_fwd == 5 * 2 * per_message["fwd"]
+        assert totals["bytes"][f"b{b}_bwd"] == sent_bwd == 5 * 2 * per_message["bwd"]
     raw = 5 * 2 * 4 * 32 * 32 * 4 * 2 * (k - 1)
-    assert records[0]["metrics"]["pipe/compression_ratio"] == pytest.approx(totals["bytes"] / raw)
+    assert records[0]["metrics"]["pipe/compression_ratio"] == pytest.approx(sum(totals["bytes"].values()) / raw)
     assert all(r["metrics"]["pipe/buffer_bytes/rank0"] == 2 * 2 * 4 * 32 * 32 * 4 for r in records)
     for rank, rec in enumerate(records):  # each send waited bytes * 8 / bandwidth (payloads only; headers are free)
         sent = rec["sent"]["fwd"] + rec["sent"]["bwd"]
@@ -274,7 +252,7 @@ def _silent_neighbour(rank: int, port: int, out: str) -> None:
 
     import torch.distributed as dist
 
-    from repro.pipeline.p2p import PipelineTimeout, StageLinks
+    from repro.pipeline.transport import PipelineTimeout, StageLinks
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=30))

@@ -10,13 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import CONFIGS
+from conftest import MODELS
 from repro.alloc.budget import default_levels
 from repro.alloc.coverage_profile import CoverageProfileSettings, coverage_benefit_profile, pair_benefits
-from repro.alloc.phase_off_profile import load_checked_model, phase_off_values
+from repro.alloc.phase_off_profile import phase_off_values
+from repro.lit.checkpoints import load_checked_model
 from repro.alloc.profile import LayerProfile
-from repro.models import GPT, GPTConfig
-from repro.run_config import load_run_config
+from repro.models import GPTConfig
+from repro.models.gpt import GPT
+from repro.runs.model_config import load_model_config
 
 
 def batches(vocab: int, n: int = 3, T: int = 32) -> list[dict[str, torch.Tensor]]:
@@ -48,20 +50,21 @@ def test_phase_off_profile_sees_only_rotated_layers():
 
 @pytest.fixture(scope="module")
 def smoke_run_config():
-    return load_run_config(CONFIGS / "smoke.yaml")
+    return load_model_config(MODELS / "smoke" / "gpt_mha.yaml")
 
 
 def test_coverage_profile_end_to_end_and_resumable(smoke_run_config, data_cache, tmp_path, capsys):
     cfg = smoke_run_config
-    dm = cfg.datamodule(cache_dir=str(data_cache))
+    cache = str(data_cache)
     settings = CoverageProfileSettings(steps=8, seeds=(0, 1), eval_every=4, last_n=2)
     levels = default_levels(cfg.shape_config())
-    profile = coverage_benefit_profile(cfg, levels, settings, tmp_path / "runs", datamodule=dm)
+    profile = coverage_benefit_profile(cfg, levels, settings, tmp_path / "runs", cache_dir=cache)
     run_files = sorted((tmp_path / "runs").glob("*.json"))
     assert [f.stem for f in run_files] == sorted(f"high-{s}-s{seed}" for seed in (0, 1) for s in ("none", "0", "1", "2"))
     runs = {f.stem: json.loads(f.read_text()) for f in run_files}
     assert all(r["global_step"] == 8 and [s for s, _ in r["val_curve"]] == [4, 8] for r in runs.values())
-    assert runs["high-none-s0"]["widths"] == [4, 4, 4] and runs["high-1-s0"]["widths"] == [4, 16, 4]
+    widths = {name: r["overrides"]["model.gpt.rope_dims"] for name, r in runs.items()}
+    assert widths["high-none-s0"] == [4, 4, 4] and widths["high-1-s0"] == [4, 16, 4]
     loss = {name: sum(v for _, v in r["val_curve"]) / 2 for name, r in runs.items()}
     for seed in ("0", "1"):
         expected = [loss[f"high-none-s{seed}"] - loss[f"high-{layer}-s{seed}"] for layer in range(3)]
@@ -73,7 +76,7 @@ def test_coverage_profile_end_to_end_and_resumable(smoke_run_config, data_cache,
 
     mtimes = {f.name: f.stat().st_mtime_ns for f in run_files}
     capsys.readouterr()
-    again = coverage_benefit_profile(cfg, levels, settings, tmp_path / "runs", datamodule=dm)
+    again = coverage_benefit_profile(cfg, levels, settings, tmp_path / "runs", cache_dir=cache)
     err = capsys.readouterr().err
     assert err.count("reused") == 8 and "trained in" not in err  # a second call does no training
     assert {f.name: f.stat().st_mtime_ns for f in sorted((tmp_path / "runs").glob("*.json"))} == mtimes
@@ -81,25 +84,25 @@ def test_coverage_profile_end_to_end_and_resumable(smoke_run_config, data_cache,
 
     # interaction runs reuse the profile's base runs and train only the pair runs
     assert profile.meta["runs_dir"] == str(tmp_path / "runs")
-    pairs = pair_benefits(cfg, profile, [(0, 2)], Path(profile.meta["runs_dir"]), datamodule=dm)
+    pairs = pair_benefits(cfg, profile, [(0, 2)], Path(profile.meta["runs_dir"]), cache_dir=cache)
     err = capsys.readouterr().err
-    assert "high-none-s0 reused" in err and "high-none-s1 reused" in err
-    assert "high-0_2-s0 trained" in err and "high-0_2-s1 trained" in err
+    assert "high-none-s0: reused" in err and "high-none-s1: reused" in err
+    assert "high-0_2-s0: trained" in err and "high-0_2-s1: trained" in err
     pair_loss = {s: sum(v for _, v in json.loads((tmp_path / "runs" / f"high-0_2-s{s}.json").read_text())["val_curve"]) / 2
                  for s in ("0", "1")}
     expected = sum(loss[f"high-none-s{s}"] - pair_loss[s] for s in ("0", "1")) / 2
     assert pairs[(0, 2)] == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("config", ["smoke.yaml", "smoke_mla.yaml"])
+@pytest.mark.parametrize("config", ["gpt_mha.yaml", "gpt_mla.yaml"])
 def test_grouped_profile_runs_fewer_runs(config, data_cache, tmp_path):
-    cfg = load_run_config(CONFIGS / config)
+    cfg = load_model_config(MODELS / "smoke" / config)
     settings = CoverageProfileSettings(steps=4, seeds=(0,), eval_every=2, last_n=1, group_size=2)
     profile = coverage_benefit_profile(cfg, default_levels(cfg.shape_config()), settings, tmp_path,
-                                       datamodule=cfg.datamodule(cache_dir=str(data_cache)))
+                                       cache_dir=str(data_cache))
     assert profile.meta["runs"] == 3  # base + ceil(3 / 2) groups
     assert profile.values[0] == profile.values[1]  # the group's benefit spread evenly over its layers
-    widths = {f.stem: json.loads(f.read_text())["widths"] for f in tmp_path.glob("*.json")}
+    widths = {f.stem: json.loads(f.read_text())["overrides"][f"model.gpt.{cfg.width_field}"] for f in tmp_path.glob("*.json")}
     assert widths == {"high-none-s0": [4, 4, 4], "high-0_1-s0": [16, 16, 4], "high-2-s0": [4, 4, 16]}
     assert profile.model["attention"] == cfg.shape_config().attention
 
@@ -117,7 +120,7 @@ def test_checkpoint_that_does_not_match_the_config_is_rejected(tmp_path):
     model, _ = load_checked_model(tmp_path / "m.ckpt", gpt)
     assert torch.equal(model.wte.weight, module.model.wte.weight)
     (tmp_path / "bad.ckpt").write_bytes(b"not a checkpoint")
-    with pytest.raises(ValueError, match="bad.ckpt' cannot be read"):
+    with pytest.raises(ValueError, match="bad.ckpt': not a readable checkpoint"):
         load_checked_model(tmp_path / "bad.ckpt", gpt)
 
 
@@ -131,7 +134,7 @@ def repro(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 def test_cli_chain_profile_allocate_transfer_account_fit(tmp_path, data_cache):
     """From the CLI alone: profile the smoke model both ways, transfer to the 6-layer member,
     allocate with every method, account, analyze, and train an allocated config."""
-    smoke, target = str(CONFIGS / "smoke.yaml"), str(CONFIGS / "smoke_target.yaml")
+    smoke, target = str(MODELS / "smoke" / "gpt_mha.yaml"), str(MODELS / "smoke" / "gpt_mha_6_layers.yaml")
     # point the configs' data cache at the session cache (tokenizer trained once)
     for name, src in (("smoke.yaml", smoke), ("smoke_target.yaml", target)):
         text = Path(src).read_text().replace("  shuffle_seed: 0\n", f"  shuffle_seed: 0\n  cache_dir: {data_cache}\n")
@@ -181,14 +184,14 @@ def test_cli_chain_profile_allocate_transfer_account_fit(tmp_path, data_cache):
         (["transfer", "--profile", "{three_layer}", "--target-layers", "0", "--out", "t.json"], "at least one layer"),
         (["allocate", "--config", "{smoke}", "--method", "profiled", "--benefit", "{nan}", "--out", "a.json"], "not finite"),
         (["allocate", "--config", "{smoke}", "--method", "profiled", "--benefit", "{empty}", "--out", "a.json"], "no layers"),
-        (["profile", "phase-off", "--config", "{smoke}", "--ckpt-path", "{missing}", "--out", "p.json"], "does not exist"),
+        (["profile", "phase-off", "--config", "{smoke}", "--ckpt-path", "{missing}", "--out", "p.json"], "no such file"),
     ],
 )
 def test_cli_bad_input(args, message, tmp_path):
     LayerProfile("coverage_benefit", [0.1, 0.2, 0.3]).save(tmp_path / "three.json")
     (tmp_path / "nan.json").write_text('{"kind": "coverage_benefit", "values": [0.1, NaN, 0.2]}')
     (tmp_path / "empty.json").write_text('{"kind": "coverage_benefit", "values": []}')
-    subs = {"smoke": str(CONFIGS / "smoke.yaml"), "smoke_target": str(CONFIGS / "smoke_target.yaml"),
+    subs = {"smoke": str(MODELS / "smoke" / "gpt_mha.yaml"), "smoke_target": str(MODELS / "smoke" / "gpt_mha_6_layers.yaml"),
             "three_layer": str(tmp_path / "three.json"), "nan": str(tmp_path / "nan.json"),
             "empty": str(tmp_path / "empty.json"), "missing": str(tmp_path / "missing.ckpt")}
     out = repro([a.format(**subs) for a in args], tmp_path)
@@ -197,14 +200,18 @@ def test_cli_bad_input(args, message, tmp_path):
     assert not any((tmp_path / f).exists() for f in ("a.json", "t.json", "p.json"))
 
 
-def test_parallel_workers_give_the_same_profile_as_one_process(smoke_run_config, data_cache, tmp_path):
+def test_parallel_workers_give_the_same_profile_as_one_process(smoke_run_config, data_cache, tmp_path, monkeypatch):
     """Runs in 2 spawned single-thread workers: the same result files, bit for bit, as one process with 1 thread."""
     cfg = smoke_run_config
     settings = CoverageProfileSettings(steps=4, seeds=(0,), eval_every=2, last_n=1)
     levels = default_levels(cfg.shape_config())
-    make_dm = lambda: cfg.datamodule(cache_dir=str(data_cache))
-    serial = coverage_benefit_profile(cfg, levels, settings, tmp_path / "serial", datamodule=make_dm(), threads=1)
-    parallel = coverage_benefit_profile(cfg, levels, settings, tmp_path / "parallel", datamodule=make_dm(), workers=2)
+    cache = str(data_cache)
+    with monkeypatch.context() as m:  # a one-core machine: the single worker gets one thread
+        m.setattr("os.cpu_count", lambda: 1)
+        serial = coverage_benefit_profile(cfg, levels, settings, tmp_path / "serial", cache_dir=cache)
+    with monkeypatch.context() as m:  # a two-core machine: two workers of one thread each
+        m.setattr("os.cpu_count", lambda: 2)
+        parallel = coverage_benefit_profile(cfg, levels, settings, tmp_path / "parallel", cache_dir=cache, workers=2)
     assert parallel.values == serial.values
     for f in (tmp_path / "serial").glob("*.json"):
         a, b = json.loads(f.read_text()), json.loads((tmp_path / "parallel" / f.name).read_text())

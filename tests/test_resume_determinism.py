@@ -11,8 +11,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from repro.data import TextDataModule
-from repro.data.resumable_shuffle import ResumableShuffleBatches, epoch_order
-from test_pipeline_strategy import Recorder, corpus, fit, make_module, pipeline  # noqa: F401  (fixture)
+from repro.data.sampler import LazyBatchSampler, epoch_order
+from test_pipeline_strategy import fit, make_module, pipeline
 
 
 def small_dm(corpus, cache, blocks: int = 20) -> TextDataModule:
@@ -46,18 +46,19 @@ def test_single_process_resume_mid_epoch_is_bitwise(corpus, tmp_path):
         assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_resumable_batches_are_the_shuffled_dataloaders():
+def test_the_sampler_at_p_1_is_the_shuffled_dataloader_resumable_at_any_step():
     for n, bs, seed in ((37, 4, 0), (40, 8, 5), (9, 3, 11)):
         ref_loader = DataLoader(list(range(n)), batch_size=bs, shuffle=True, drop_last=True,
                                 generator=torch.Generator().manual_seed(seed))
-        def lightning_epoch():  # Lightning takes len(loader) batches per epoch, then a new iterator
-            it = iter(ref_loader)
-            return [next(it).tolist() for _ in range(len(ref_loader))]
+        def lightning_epoch(loader):  # Lightning takes len(loader) batches per epoch, then a new iterator
+            it = iter(loader)
+            return [next(it).tolist() for _ in range(len(loader))]
 
-        ref = [lightning_epoch() for _ in range(3)]
-        ours = ResumableShuffleBatches(n, bs, seed)
+        ref = [lightning_epoch(ref_loader) for _ in range(3)]
+        ours = LazyBatchSampler(n, bs, 1.0, seed)
         assert [list(ours) for _ in range(3)] == ref
-        assert list(ResumableShuffleBatches(n, bs, seed, start_epoch=2, start_batch=1)) == ref[2][1:]
+        per_epoch = n // bs
+        assert list(LazyBatchSampler(n, bs, 1.0, seed, start_step=2 * per_epoch + 1)) == ref[2][1:]
         assert sorted(epoch_order(n, seed, 4).tolist()) == list(range(n))
 
 

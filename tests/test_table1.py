@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from repro.experiments.table1 import ROW_METHODS, main as table1_main
-from repro.experiments.table1_settings import Table1Settings, load_table1_settings
+from repro.experiments.table1.plan import ROW_METHODS, make_plan
+from repro.experiments.table1.run import main as table1_main
+from repro.experiments.table1.settings import Table1Settings, load_table1_settings
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-SMOKE = REPO_ROOT / "paper_configs" / "table1" / "smoke.yaml"
+from conftest import EXPERIMENTS, MODELS, REPO_ROOT
+SMOKE = EXPERIMENTS / "table1" / "smoke.yaml"
 FIGURES = REPO_ROOT / "figures"
 ARCHS = ("mha", "mla")
 
@@ -172,7 +173,7 @@ def _write(tmp_path: Path, text: str) -> Path:
 def test_bad_settings_fail_early_naming_the_field(tmp_path, extra, message):
     base = SMOKE.read_text()
     lines = [ln for ln in base.splitlines() if not ln.startswith(extra.split(":")[0] + ":")]
-    path = _write(tmp_path, "\n".join(lines).replace("smoke_", str(SMOKE.parent) + "/smoke_") + "\n" + extra)
+    path = _write(tmp_path, "\n".join(lines).replace("../../models/", f"{MODELS}/") + "\n" + extra)
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         load_table1_settings(path)
 
@@ -188,14 +189,11 @@ def test_cli_reports_a_missing_config_and_writes_nothing(tmp_path, capsys):
 def test_source_deeper_than_target_is_rejected(tmp_path, capsys):
     s = load_table1_settings(SMOKE)
     swapped = Table1Settings(**{**s.to_dict(), "target": s.source, "source": s.target})
-    from repro.experiments.table1 import make_plan
-
     with pytest.raises(ValueError, match="must be shallower"):
         make_plan(swapped, "mha", tmp_path)
 
 
-SETTINGS_FILES = sorted(p for p in SMOKE.parent.glob("*.yaml") if p.read_text().lstrip("#").find("\nscale:") >= 0
-                        or p.read_text().startswith("scale:"))
+SETTINGS_FILES = sorted(SMOKE.parent.glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", SETTINGS_FILES, ids=lambda p: p.name)
@@ -203,7 +201,6 @@ def test_every_shipped_settings_file_plans_both_halves(path, tmp_path):
     """The smoke, cpu and paper settings load, and their families pass every check of make_plan
     (one family per architecture, shallower source, feasible budget, steps a multiple of eval_every)."""
     from repro.alloc.budget import num_high_layers
-    from repro.experiments.table1 import make_plan
 
     settings = load_table1_settings(path)
     for arch in settings.architectures:
@@ -220,6 +217,7 @@ def test_a_gpu_scale_on_a_machine_without_a_gpu_fails_before_any_run(tmp_path, c
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     assert table1_main(["--scale", "paper", "--out", str(tmp_path / "out")]) == 2
     assert "no CUDA GPU" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

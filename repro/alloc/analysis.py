@@ -9,6 +9,8 @@ import math
 from itertools import combinations
 from typing import Any, Iterable
 
+from .allocation import top_k_layers
+
 
 def average_ranks(values: list[float]) -> list[float]:
     """Ranks 1..n, ties sharing the mean of their ranks."""
@@ -86,8 +88,6 @@ def interaction_terms(single: list[float], pairs: dict[tuple[int, int], float]) 
 
 def transfer_fidelity(transferred: list[float], direct: list[float], k: int) -> dict[str, Any]:
     """Spearman and top-k Jaccard of a transferred profile against one measured on the target."""
-    from .allocation import top_k_layers
-
     if len(transferred) != len(direct):
         raise ValueError(
             f"transferred profile has {len(transferred)} layers but the direct profile has {len(direct)}"

@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from repro.models import GPTConfig
+from repro.models.config import GPTConfig
 
 K_TOLERANCE = 1e-6
 

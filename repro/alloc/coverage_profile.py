@@ -5,21 +5,23 @@ g layers at once: ceil(L/g) + 1 runs). Each run trains T_early steps from the sa
 its loss is the mean of its last n evaluations. ``benefit[l] = loss_base - loss_up(l)``, averaged
 over seeds (std across seeds is recorded). A group's benefit is spread over its layers
 (``group_spread``: 'divide' gives each layer benefit/|group|, 'copy' gives each the whole).
+The runs are ordinary runs of the engine (``repro.runs``): resumable and reused by fingerprint.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from repro.run_config import RunConfig
+from repro.runs import Progress, RunResult, RunSpec, train_all
+from repro.runs.model_config import ModelConfig
 
 from .budget import BudgetLevels, level_to_width
 from .profile import LayerProfile
-from .training_runs import RunSpec, mean_last, run_name, train_runs
 
 
 @dataclass(frozen=True)
@@ -52,156 +54,128 @@ class CoverageProfileSettings:
                 "(the profile runs are an early part of a run of that length)"
             )
 
+    @classmethod
+    def of(cls, profile: LayerProfile) -> CoverageProfileSettings:
+        """The settings a coverage-benefit profile was measured with (from its meta)."""
+        meta = profile.meta
+        return cls(steps=meta["steps"], seeds=tuple(meta["seeds"]), eval_every=meta["eval_every"],
+                   last_n=meta["last_n"], schedule_steps=meta.get("schedule_steps"))
+
+
+def run_name(high_layers, seed: int, prefix: str = "high") -> str:
+    layers = "none" if not high_layers else "_".join(str(i) for i in sorted(high_layers))
+    return f"{prefix}-{layers}-s{seed}"
+
 
 def layer_groups(n_layer: int, group_size: int) -> list[list[int]]:
     return [list(range(start, min(n_layer, start + group_size))) for start in range(0, n_layer, group_size)]
 
 
-def specs_for_sets(
-    high_sets: list[list[int]], n_layer: int, high_w: int, low_w: int, settings: CoverageProfileSettings
-) -> list[RunSpec]:
+def upgrade_specs(config: ModelConfig, high_sets: list[list[int]], high_w: int, low_w: int,
+                  settings: CoverageProfileSettings, folder: Path, label: str = "") -> list[RunSpec]:
     """One run per (seed, set of high layers), the other layers low; seeds outermost."""
+    n_layer = config.shape_config().n_layer
     specs = []
     for seed in settings.seeds:
         for high in high_sets:
-            widths = tuple(high_w if layer in high else low_w for layer in range(n_layer))
-            specs.append(
-                RunSpec(run_name(high, seed), widths, seed, settings.steps, settings.eval_every, settings.schedule_steps)
-            )
+            widths = [high_w if layer in high else low_w for layer in range(n_layer)]
+            overrides = {f"model.gpt.{config.width_field}": widths}
+            if settings.schedule_steps is not None:
+                overrides["model.optim.decay_steps"] = settings.schedule_steps
+            name = run_name(high, seed)
+            specs.append(RunSpec.make(name, folder, config.path, seed, settings.steps, settings.eval_every, overrides,
+                                      label=f"{label}{name}"))
     return specs
 
 
-def upgrade_specs(n_layer: int, high_w: int, low_w: int, settings: CoverageProfileSettings) -> list[RunSpec]:
+def profile_specs(config: ModelConfig, levels: BudgetLevels, settings: CoverageProfileSettings, folder: Path,
+                  label: str = "") -> list[RunSpec]:
     """Every run of the profile: per seed, the base run (all low) then one upgrade run per group."""
-    return specs_for_sets([[]] + layer_groups(n_layer, settings.group_size), n_layer, high_w, low_w, settings)
+    shape = config.shape_config()
+    high_w, low_w = level_to_width(levels.high, shape, levels.unit), level_to_width(levels.low, shape, levels.unit)
+    groups = layer_groups(shape.n_layer, settings.group_size)
+    return upgrade_specs(config, [[]] + groups, high_w, low_w, settings, folder, label)
 
 
-def run_losses(
-    run_config: RunConfig,
-    specs: list[RunSpec],
-    runs_dir: Path,
-    datamodule,
-    last_n: int,
-    accelerator: str = "cpu",
-    label: str = "coverage",
-    workers: int = 1,
-    threads: int | None = None,
-    quiet: bool = False,
-) -> dict[str, dict[str, Any]]:
-    """Train (or reuse) every run; returns name -> result with its 'loss' (mean of the last n evaluations)."""
-    results = train_runs(run_config, specs, runs_dir, datamodule, accelerator, workers, threads, label, quiet=quiet)
-    for name, result in results.items():
-        result["loss"] = mean_last(result["val_curve"], last_n, name)
-    return results
-
-
-def coverage_benefit_profile(
-    run_config: RunConfig,
-    levels: BudgetLevels,
-    settings: CoverageProfileSettings,
-    runs_dir: Path,
-    accelerator: str = "cpu",
-    datamodule=None,
-    workers: int = 1,
-    threads: int | None = None,
-    quiet: bool = False,
-) -> LayerProfile:
-    """Measure the coverage-benefit profile of the config's model (L + 1 runs per seed, or fewer with groups)."""
-    shape = run_config.shape_config()
-    n_layer = shape.n_layer
-    high_w = level_to_width(levels.high, shape, levels.unit)
-    low_w = level_to_width(levels.low, shape, levels.unit)
-    datamodule = datamodule or run_config.datamodule()
-    datamodule.setup("fit")
-    specs = upgrade_specs(n_layer, high_w, low_w, settings)
-    results = run_losses(run_config, specs, runs_dir, datamodule, settings.last_n, accelerator,
-                         workers=workers, threads=threads, quiet=quiet)
-    groups = layer_groups(n_layer, settings.group_size)
+def profile_from_results(config: ModelConfig, levels: BudgetLevels, settings: CoverageProfileSettings,
+                         results: Mapping[str, RunResult], folder: Path, vocab_size: int) -> LayerProfile:
+    """The profile from its finished runs (``run name -> result``)."""
+    shape = config.shape_config()
+    high_w, low_w = level_to_width(levels.high, shape, levels.unit), level_to_width(levels.low, shape, levels.unit)
+    losses = {name: r.mean_last(settings.last_n) for name, r in results.items()}
     per_seed: dict[str, list[float]] = {}
     base_losses: dict[str, float] = {}
     for seed in settings.seeds:
-        base = results[run_name([], seed)]["loss"]
-        values = [0.0] * n_layer
-        for group in groups:
-            gain = base - results[run_name(group, seed)]["loss"]
+        base = losses[run_name([], seed)]
+        values = [0.0] * shape.n_layer
+        for group in layer_groups(shape.n_layer, settings.group_size):
+            gain = base - losses[run_name(group, seed)]
             share = gain / len(group) if settings.group_spread == "divide" else gain
             for layer in group:
                 values[layer] = share
         per_seed[str(seed)] = values
         base_losses[str(seed)] = base
     columns = list(zip(*per_seed.values()))
-    mean = [statistics.fmean(c) for c in columns]
-    std = [statistics.stdev(c) for c in columns] if len(settings.seeds) > 1 else None
-    total_wall = sum(r["wall_s"] for r in results.values())
     return LayerProfile(
         kind="coverage_benefit",
-        values=mean,
-        std=std,
+        values=[statistics.fmean(c) for c in columns],
+        std=[statistics.stdev(c) for c in columns] if len(settings.seeds) > 1 else None,
         per_seed=per_seed,
-        model=run_config.gpt_config(datamodule.vocab_size, **{_list_field(shape): [low_w] * n_layer}).to_dict(),
+        model=config.gpt_config(vocab_size, **{config.width_field: [low_w] * shape.n_layer}).to_dict(),
         meta={
-            "source": run_config.path,
-            "levels": levels.to_dict(),
-            "high_width": high_w,
-            "low_width": low_w,
-            "steps": settings.steps,
-            "seeds": list(settings.seeds),
-            "eval_every": settings.eval_every,
-            "last_n": settings.last_n,
-            "group_size": settings.group_size,
-            "group_spread": settings.group_spread,
-            "schedule_steps": settings.schedule_steps,
-            "runs": len(specs),
-            "runs_dir": str(runs_dir),
-            "base_loss": base_losses,
-            "run_losses": {name: r["loss"] for name, r in results.items()},
-            "tokens_per_run": settings.steps * datamodule.batch_size * datamodule.block_size,
-            "training_wall_s": total_wall,
-            "workers": workers,
+            "source": config.path, "levels": levels.to_dict(), "high_width": high_w, "low_width": low_w,
+            "steps": settings.steps, "seeds": list(settings.seeds), "eval_every": settings.eval_every,
+            "last_n": settings.last_n, "group_size": settings.group_size, "group_spread": settings.group_spread,
+            "schedule_steps": settings.schedule_steps, "runs": len(results), "runs_dir": str(folder),
+            "base_loss": base_losses, "run_losses": losses,
+            "tokens_per_run": settings.steps * config.batch_size * config.block_size,
+            "training_wall_s": sum(r.wall_s for r in results.values()),
         },
     )
 
 
-def _list_field(shape) -> str:
-    return "rope_dims" if shape.attention == "mha" else "qk_rope_head_dim"
+def coverage_benefit_profile(config: ModelConfig, levels: BudgetLevels, settings: CoverageProfileSettings,
+                             folder: Path, accelerator: str = "cpu", workers: int = 1, cache_dir: str | None = None,
+                             quiet: bool = False) -> LayerProfile:
+    """Measure the coverage-benefit profile of the config's model (L + 1 runs per seed, or fewer with groups)."""
+    datamodule = config.datamodule(**({"cache_dir": cache_dir} if cache_dir else {}))
+    datamodule.setup("fit")  # the tokenizer and token caches, once, before any worker starts
+    specs = profile_specs(config, levels, settings, folder)
+    progress = Progress("coverage", len(specs), sum(s.steps for s in specs), workers, quiet=quiet)
+    results = train_all(specs, accelerator, workers, cache_dir, progress)
+    profile = profile_from_results(config, levels, settings, {s.name: results[s.key] for s in specs}, folder,
+                                   datamodule.vocab_size)
+    profile.meta["workers"] = workers
+    return profile
 
 
-def profile_settings_of(profile: LayerProfile) -> CoverageProfileSettings:
-    """The settings a coverage-benefit profile was measured with (from its meta)."""
-    meta = profile.meta
-    return CoverageProfileSettings(
-        steps=meta["steps"], seeds=tuple(meta["seeds"]), eval_every=meta["eval_every"], last_n=meta["last_n"],
-        schedule_steps=meta.get("schedule_steps"),
-    )
-
-
-def pair_specs(profile: LayerProfile, pairs: list[tuple[int, int]], with_base: bool = True) -> list[RunSpec]:
+def pair_specs(config: ModelConfig, profile: LayerProfile, pairs: list[tuple[int, int]], folder: Path,
+               with_base: bool = True, label: str = "") -> list[RunSpec]:
     """The runs of benefit[i, j]: per seed, (the base run and) one run per pair with both layers high."""
     sets = ([[]] if with_base else []) + [sorted(p) for p in pairs]
-    return specs_for_sets(sets, profile.n_layer, profile.meta["high_width"], profile.meta["low_width"],
-                          profile_settings_of(profile))
+    return upgrade_specs(config, sets, profile.meta["high_width"], profile.meta["low_width"],
+                         CoverageProfileSettings.of(profile), folder, label)
 
 
-def pair_benefits(
-    run_config: RunConfig,
-    profile: LayerProfile,
-    pairs: list[tuple[int, int]],
-    runs_dir: Path,
-    accelerator: str = "cpu",
-    datamodule=None,
-    workers: int = 1,
-    quiet: bool = False,
-) -> dict[tuple[int, int], float]:
-    """benefit[i, j] (both layers high) with the profile's own settings and seeds, reusing its base runs."""
-    settings = profile_settings_of(profile)
-    datamodule = datamodule or run_config.datamodule()
-    datamodule.setup("fit")
-    results = run_losses(run_config, pair_specs(profile, pairs), runs_dir, datamodule, settings.last_n, accelerator,
-                         label="interactions", workers=workers, quiet=quiet)
+def pair_benefits_from_results(profile: LayerProfile, pairs: list[tuple[int, int]],
+                               results: Mapping[str, RunResult]) -> dict[tuple[int, int], float]:
+    """benefit[i, j] from the base and pair runs (``run name -> result``)."""
+    settings = CoverageProfileSettings.of(profile)
     out = {}
     for i, j in pairs:
-        gains = [results[run_name([], s)]["loss"] - results[run_name([i, j], s)]["loss"] for s in settings.seeds]
+        gains = [results[run_name([], s)].mean_last(settings.last_n) - results[run_name([i, j], s)].mean_last(settings.last_n)
+                 for s in settings.seeds]
         out[(i, j)] = statistics.fmean(gains)
     if any(not math.isfinite(v) for v in out.values()):
         raise ValueError("a pair run produced a non-finite loss")
     return out
+
+
+def pair_benefits(config: ModelConfig, profile: LayerProfile, pairs: list[tuple[int, int]], folder: Path,
+                  accelerator: str = "cpu", workers: int = 1, cache_dir: str | None = None,
+                  quiet: bool = False) -> dict[tuple[int, int], float]:
+    """benefit[i, j] (both layers high) with the profile's own settings and seeds, reusing its base runs."""
+    specs = pair_specs(config, profile, pairs, folder)
+    progress = Progress("interactions", len(specs), sum(s.steps for s in specs), workers, quiet=quiet)
+    results = train_all(specs, accelerator, workers, cache_dir, progress)
+    return pair_benefits_from_results(profile, pairs, {s.name: results[s.key] for s in specs})

@@ -134,6 +134,9 @@ def load_text_files(files: list[Path], cache_dir: Path) -> list[str]:
     return list(ds["text"])
 
 
+_LOADED: dict[tuple, list[Document] | DocumentSplit] = {}  # this process's corpora (many runs share one)
+
+
 def load_documents(
     corpus: str,
     cache_dir: Path,
@@ -142,7 +145,18 @@ def load_documents(
     text_field: str = "text",
     strip_markdown: bool = True,
 ) -> list[Document] | DocumentSplit:
-    """All documents of a corpus (or a ready split, when an HF dataset directory already has one)."""
+    """All documents of a corpus (or a ready split, when an HF dataset directory already has one).
+    A corpus read once is kept for the rest of the process (text files: while none has changed)."""
+    files = expand_text_files(list(text_files or [])) if corpus == "text_files" else []
+    key = (corpus, str(cache_dir), tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files),
+           hf_dataset_dir, text_field, strip_markdown)
+    if key not in _LOADED:
+        _LOADED[key] = _read_documents(corpus, cache_dir, files, hf_dataset_dir, text_field, strip_markdown)
+    return _LOADED[key]
+
+
+def _read_documents(corpus: str, cache_dir: Path, files: list[Path], hf_dataset_dir: str | None, text_field: str,
+                    strip_markdown: bool) -> list[Document] | DocumentSplit:
     if corpus == "shakespeare":
         files = shakespeare_play_files()
         texts = load_text_files(files, cache_dir)
@@ -150,7 +164,6 @@ def load_documents(
             texts = [strip_play_markdown(t) for t in texts]
         return [Document(f.stem, t) for f, t in zip(files, texts)]
     if corpus == "text_files":
-        files = expand_text_files(list(text_files or []))
         return [Document(f.name, t) for f, t in zip(files, load_text_files(files, cache_dir))]
     if corpus == "hf_dataset":
         return _load_hf_directory(hf_dataset_dir, text_field)

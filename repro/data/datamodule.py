@@ -22,8 +22,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from repro.files import write_atomic
 
-from .resumable_shuffle import ResumableShuffleBatches
 from .corpus import CORPUS_KINDS, DocumentSplit, load_documents, split_documents
+from .sampler import LazyBatchSampler
 from .tokenizer import TOKENIZER_KINDS, TextTokenizer, load_or_train_tokenizer
 
 
@@ -226,8 +226,7 @@ class TextDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         """Shuffled batches (the order of ``DataLoader(shuffle=True, generator=seeded)``, the last
         partial batch dropped) that start where a resumed run left off, mid-epoch included."""
-        epoch, batch = self._resume_position()
-        sampler = ResumableShuffleBatches(len(self.train_set), self.batch_size, self.shuffle_seed, epoch, batch)
+        sampler = LazyBatchSampler(len(self.train_set), self.batch_size, 1.0, self.shuffle_seed, self._resume_step())
         return DataLoader(
             self.train_set,
             batch_sampler=sampler,
@@ -236,13 +235,14 @@ class TextDataModule(L.LightningDataModule):
             persistent_workers=self.num_workers > 0,
         )
 
-    def _resume_position(self) -> tuple[int, int]:
-        """(epoch, batches done in it) of the attached trainer: (0, 0) for a fresh run, the
+    def _resume_step(self) -> int:
+        """Training batches already taken by the attached trainer: 0 for a fresh run, the
         checkpoint's position for a resumed one (Lightning restores its loops first)."""
         trainer = self.trainer
         if trainer is None or trainer.state.fn != "fit":
-            return 0, 0
-        return trainer.current_epoch, trainer.fit_loop.epoch_loop.batch_progress.current.ready
+            return 0
+        n_batches = len(self.train_set) // self.batch_size
+        return trainer.current_epoch * n_batches + trainer.fit_loop.epoch_loop.batch_progress.current.ready
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=self.eval_batch_size, shuffle=False, num_workers=self.num_workers)

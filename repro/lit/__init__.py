@@ -1,7 +1,7 @@
-"""Lightning wrappers around the plain-torch models."""
-import repro.pipeline  # noqa: F401  (registers strategy="clapping" with Lightning)
+"""Lightning wrappers around the plain-torch models: the LightningModule, its callbacks, the
+checkpoint checks and the LightningCLI of the suite."""
 
 from .callbacks import FinalCheckpoint, TokenThroughput
 from .gpt_module import GPTLightningModule, OptimConfig, lr_multiplier
 
-__all__ = ["GPTLightningModule", "OptimConfig", "TokenThroughput", "FinalCheckpoint", "lr_multiplier"]
+__all__ = ["FinalCheckpoint", "GPTLightningModule", "OptimConfig", "TokenThroughput", "lr_multiplier"]

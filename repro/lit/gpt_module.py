@@ -1,5 +1,6 @@
 """LightningModule around the plain-torch GPT: next-token loss, validation loss and perplexity,
-AdamW with linear warmup and cosine decay, TensorBoard logging."""
+AdamW (or SGD with momentum) with linear warmup and cosine decay, TensorBoard logging. It knows
+nothing of parallelism: the pipeline strategy cuts its ``model`` with its own GPT adapter."""
 
 from __future__ import annotations
 
@@ -10,34 +11,9 @@ from typing import Literal
 import lightning as L
 import torch
 from torchmetrics import MeanMetric
-from torchmetrics.text import Perplexity
 
-from repro.models import GPT, GPTConfig
-from repro.pipeline.stage_protocol import StageParts
-
-
-class _EmbeddingPart(torch.nn.Module):
-    """The GPT's embedding as a pipeline part (token ids -> hidden states)."""
-
-    def __init__(self, gpt: GPT) -> None:
-        super().__init__()
-        self.wte, self.drop = gpt.wte, gpt.drop
-        self._gpt = [gpt]  # not a submodule
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        return self._gpt[0].embed(idx)
-
-
-class _HeadPart(torch.nn.Module):
-    """The GPT's final norm and output head as a pipeline part (hidden states -> logits)."""
-
-    def __init__(self, gpt: GPT) -> None:
-        super().__init__()
-        self.norm_f, self.lm_head = gpt.norm_f, gpt.lm_head
-        self._gpt = [gpt]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._gpt[0].head(x)
+from repro.models import GPTConfig
+from repro.models.gpt import GPT
 
 
 @dataclass
@@ -76,6 +52,13 @@ class OptimConfig:
             raise ValueError(f"optim.min_lr_ratio={self.min_lr_ratio!r}: must be in [0, 1]")
 
 
+class MeanExp(MeanMetric):
+    """exp of a weighted mean (the perplexity of a mean next-token loss)."""
+
+    def compute(self) -> torch.Tensor:
+        return torch.exp(super().compute())
+
+
 def lr_multiplier(step: int, warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float) -> float:
     """Learning-rate factor at an optimizer step: linear warmup, then cosine (or constant)."""
     if warmup_steps > 0 and step < warmup_steps:
@@ -110,8 +93,8 @@ class GPTLightningModule(L.LightningModule):
         self.optim_config = optim or OptimConfig()
         self.save_hyperparameters({"gpt": asdict(gpt), "optim": asdict(self.optim_config)})
         self.model = GPT(gpt)
-        self.val_loss = MeanMetric()
-        self.val_ppl = Perplexity(ignore_index=-100)
+        self.eval_loss = MeanMetric()  # token-weighted mean next-token loss of an evaluation
+        self.eval_ppl = MeanExp()  # exp of that mean: the perplexity
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)
@@ -129,38 +112,18 @@ class GPTLightningModule(L.LightningModule):
             return None  # Lightning skips the backward pass and the optimizer step
         return loss
 
-    # ------------------------------------------------------------------ pipeline stage protocol
-    def pipeline_parts(self) -> StageParts:
-        """Embedding, the blocks, and final norm + head (strategy='clapping' splits them)."""
-        return StageParts(first=_EmbeddingPart(self.model), layers=list(self.model.blocks), last=_HeadPart(self.model))
-
-    def pipeline_input(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return batch["input_ids"]
-
-    def pipeline_loss(self, output: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.model.loss(output, batch["targets"])
-
-    def pipeline_log(self, split: str, loss: torch.Tensor, batch: dict[str, torch.Tensor]) -> None:
-        """Log a pipeline step's loss (the same value on every rank)."""
-        if split == "train":
-            self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
-            return
-        n_tokens = int((batch["targets"] != -100).sum())
-        self.val_loss.update(loss, weight=n_tokens)
-        # perplexity = exp(mean token NLL): the metric's state is the NLL sum and the token count
-        self.val_ppl.total_log_probs += loss.detach().double().to(self.val_ppl.total_log_probs.device) * n_tokens
-        self.val_ppl.count += n_tokens
-        self.val_ppl._update_count += 1
-        self.val_ppl._computed = None
-        self.log(f"{split}/loss", self.val_loss, on_step=False, on_epoch=True, prog_bar=True)
-        self.log(f"{split}/ppl", self.val_ppl, on_step=False, on_epoch=True)
+    def record_eval_loss(self, split: str, loss: torch.Tensor, n_tokens: int) -> None:
+        """Log a batch's mean next-token loss over ``n_tokens`` tokens as ``<split>/loss``, and the
+        perplexity exp(mean loss) of the whole evaluation as ``<split>/ppl``. A strategy that computes
+        the loss itself (the pipeline) calls this too."""
+        self.eval_loss.update(loss.detach().float(), weight=n_tokens)
+        self.eval_ppl.update(loss.detach().float(), weight=n_tokens)
+        self.log(f"{split}/loss", self.eval_loss, on_step=False, on_epoch=True, prog_bar=True)
+        self.log(f"{split}/ppl", self.eval_ppl, on_step=False, on_epoch=True)
 
     def _evaluate(self, batch: dict[str, torch.Tensor], prefix: str) -> torch.Tensor:
-        logits, loss = self.model(batch["input_ids"], batch["targets"])
-        self.val_loss.update(loss, weight=batch["targets"].numel())
-        self.val_ppl.update(logits.float(), batch["targets"])
-        self.log(f"{prefix}/loss", self.val_loss, on_step=False, on_epoch=True, prog_bar=True)
-        self.log(f"{prefix}/ppl", self.val_ppl, on_step=False, on_epoch=True)
+        _, loss = self.model(batch["input_ids"], batch["targets"])
+        self.record_eval_loss(prefix, loss, int((batch["targets"] != -100).sum()))
         return loss
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:

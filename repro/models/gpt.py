@@ -114,9 +114,6 @@ class GPT(nn.Module):
         """Per layer: cached elements per token (2*n_kv*d_h for MHA, d_c + d_R,l for MLA)."""
         return [attn.kv_cache_width for attn in self.attention_layers()]
 
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
-
     # ------------------------------------------------------------------ phase-off switch
     def set_phase_off(self, layers: Iterable[int] | Mapping[int, Iterable[int] | None]) -> None:
         """Force the rotation angle to 0 in the given layers (all heads), or, with a mapping

@@ -1,32 +1,29 @@
-"""Pipeline-parallel training with compressed messages (Clapping): the Lightning strategy, the
-micro-batch schedules, the compressors and the communication methods."""
+"""Pipeline-parallel training with compressed messages (Clapping), as a library: compressors and
+bit packing, the communication methods (codecs with their buffers and memory model), the
+transport between stages, the micro-batch schedules, the stage runner, and how a model is cut
+into stages. The Lightning strategy built on it is ``repro.pipeline.lightning``."""
 
+from .codecs import METHODS, ChannelCodec, MessageContext
 from .compressors import build_compressor
-from .methods import METHODS, ChannelCodec, MessageContext
-from .p2p import PipelineTimeout
 from .runner import NonFiniteError
-from .stage_protocol import PipelineStageModule, StageParts
-from .strategy import ClappingStrategy
-
-
-def register() -> None:
-    """Make ``strategy="clapping"`` (and ``clapping_spawn``, ``clapping_fork``) known to Lightning."""
-    from lightning.pytorch.strategies import StrategyRegistry
-
-    ClappingStrategy.register_strategies(StrategyRegistry)
-
-
-register()
+from .stage_parts import GPTStages, StageAdapter, StageParts, stage_adapter_for
+from .transport import PipelineTimeout
 
 __all__ = [
     "METHODS",
     "ChannelCodec",
-    "ClappingStrategy",
+    "GPTStages",
     "MessageContext",
     "NonFiniteError",
     "PipelineTimeout",
-    "PipelineStageModule",
+    "StageAdapter",
     "StageParts",
     "build_compressor",
-    "register",
+    "stage_adapter_for",
 ]
+
+
+def __getattr__(name: str):
+    if name == "ClappingStrategy":  # the class path of earlier configs
+        raise AttributeError("repro.pipeline.ClappingStrategy moved: use class_path repro.pipeline.lightning.ClappingStrategy")
+    raise AttributeError(f"module 'repro.pipeline' has no attribute {name!r}")

@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from .stage_protocol import StageSplit
+from .stage_parts import StageSplit
 
 
 @dataclass
@@ -59,7 +60,7 @@ def keep_local_parts(module: nn.Module, split: StageSplit) -> LocalModel:
     groups = sorted({tuple(sorted(s)) for s in owners.values() if len(s) > 1})
     local.tied_groups = groups
     seen: set[int] = set()
-    for name, p in module.named_parameters(remove_duplicate=False):
+    for _, p in module.named_parameters(remove_duplicate=False):
         stages = owners[id(p)]
         if id(p) in seen or rank not in stages:
             continue
@@ -85,3 +86,25 @@ def keep_local_parts(module: nn.Module, split: StageSplit) -> LocalModel:
                 placeholders.add(id(empty))
     local.freed_keys = {k for k, v in module.state_dict(keep_vars=True).items() if id(v) in placeholders}
     return local
+
+
+def sum_tied_gradients(local: LocalModel, groups: dict[tuple[int, ...], object]) -> None:
+    """Sum the gradients of every tied parameter between the stages that hold it."""
+    for tied in local.tied:
+        p = tied.param
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=groups[tied.stages])
+
+
+def clip_global_grad_norm(params: list[nn.Parameter], local: LocalModel, device: torch.device, max_norm: float) -> None:
+    """Gradient-norm clipping over all stages (a tied parameter counts once, on its lowest stage)."""
+    params = [p for p in params if p.grad is not None]
+    sq = torch.zeros((), dtype=torch.float64, device=device)
+    for p in params:
+        if id(p) not in local.secondary:
+            sq += p.grad.detach().double().pow(2).sum()
+    dist.all_reduce(sq)
+    coef = torch.clamp(float(max_norm) / (sq.sqrt().float() + 1e-6), max=1.0)
+    for p in params:
+        p.grad.detach().mul_(coef.to(p.grad.device, p.grad.dtype))

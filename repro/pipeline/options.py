@@ -1,16 +1,22 @@
-"""The options of the Clapping pipeline strategy, validated before anything starts."""
+"""The options of the Clapping pipeline strategy, validated before anything starts. This dataclass
+is their one owner: the strategy's keyword arguments (what ``trainer.strategy.init_args`` of a
+config accepts) are made from its fields, with these defaults and comments."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import inspect
+import typing
+from dataclasses import dataclass, field, fields
 from typing import Sequence
 
 from .compressors import Compressor, build_compressor
-from .methods import METHODS
+from .codecs import METHODS
 from .sample_buffers import SAMPLE_STORAGE
 from .schedule import SCHEDULES
 
 NONFINITE = ("raise", "skip")  # what a step with a NaN or inf message or loss does
+BACKENDS = (None, "gloo", "nccl")
+START_METHODS = ("popen", "spawn", "fork")
 
 
 @dataclass
@@ -34,6 +40,10 @@ class PipelineOptions:
     bandwidth_mbps: float | None = None  # emulated link speed: each send waits bytes*8/bandwidth s; None = off
     timeout_s: float = 300.0  # seconds any receive or collective may wait before the rank gives up
     nonfinite: str = "raise"  # NaN/inf in a message or the loss: 'raise' (stop, naming step, boundary, direction) or 'skip' the update
+    process_group_backend: str | None = None  # 'gloo' or 'nccl'; None = gloo on CPU, nccl on CUDA
+    start_method: str = "popen"  # how ranks start: 'popen' (CLI, torchrun, SLURM), 'spawn' or 'fork'
+    fwd: Compressor = field(init=False, repr=False, compare=False)  # built from fwd_compressor
+    bwd: Compressor = field(init=False, repr=False, compare=False)  # built from bwd_compressor
 
     def __post_init__(self) -> None:
         def positive_int(name, value, allow_none=False):
@@ -76,6 +86,10 @@ class PipelineOptions:
             raise ValueError(f"strategy bandwidth_mbps={self.bandwidth_mbps!r}: must be > 0 or null")
         if self.nonfinite not in NONFINITE:
             raise ValueError(f"strategy nonfinite={self.nonfinite!r}: allowed values are {NONFINITE}")
+        if self.process_group_backend not in BACKENDS:
+            raise ValueError(f"strategy process_group_backend={self.process_group_backend!r}: allowed {BACKENDS}")
+        if self.start_method not in START_METHODS:
+            raise ValueError(f"strategy start_method={self.start_method!r}: allowed {START_METHODS}")
         if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or self.timeout_s <= 0:
             raise ValueError(f"strategy timeout_s={self.timeout_s!r}: must be > 0")
 
@@ -84,7 +98,16 @@ class PipelineOptions:
         return {"fwd": self.fwd, "bwd": self.bwd}
 
     def as_dict(self) -> dict:
-        out = asdict(self)
+        """The options as given (compressors as their canonical spec strings)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
         out["fwd_compressor"] = self.fwd.spec
         out["bwd_compressor"] = self.bwd.spec
         return out
+
+
+def option_parameters() -> list[inspect.Parameter]:
+    """Every option as a keyword parameter (its type and default): what a class that takes the
+    options as keyword arguments shows to LightningCLI and ``--help``."""
+    hints = typing.get_type_hints(PipelineOptions)
+    return [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name])
+            for f in fields(PipelineOptions) if f.init]

@@ -14,10 +14,10 @@ from typing import Any, Callable
 import torch
 
 from .compressors import Payload
-from .methods import ChannelCodec, MessageContext
-from .p2p import StageLinks
+from .codecs import ChannelCodec, MessageContext
+from .transport import StageLinks
 from .schedule import Action, forward_schedule
-from .stage_protocol import StageSplit
+from .stage_parts import StageSplit
 
 
 class NonFiniteError(FloatingPointError):

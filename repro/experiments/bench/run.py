@@ -1,0 +1,169 @@
+"""``make bench`` / ``repro bench``: speed, communication and memory of the suite measured side by
+side with the alternatives a user would pick (a plain PyTorch loop, torch.distributed.pipelining,
+one process), on this machine, in one run. Writes ``results/bench/bench.json`` (atomically) and
+``bench.md``, and prints the table. Every timed row is a median over interleaved repeats, with
+min..max, and the median of the per-repeat ratios to its reference."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from repro.files import write_json_atomic, write_text_atomic
+from repro.runs.build import quiet_lightning
+from repro.runs.provenance import git_commit, machine, now
+
+from .compressor_bench import bench_compressors
+from .measure import all_finite
+from .memory_bench import bench_memory
+from .pipeline_sections import bench_network, bench_pipeline, bench_scale
+from .settings import PRESETS, SECTIONS, BenchSettings, load_settings
+from .single_process import bench_lightning, bench_rope
+
+
+def _progress_printer(quiet: bool, start: float) -> Callable[[str], None]:
+    def progress(message: str) -> None:
+        if not quiet:
+            print(f"[bench {time.perf_counter() - start:6.0f}s] {message}", file=sys.stderr, flush=True)
+
+    return progress
+
+
+def run_bench(s: BenchSettings, out: Path, quiet: bool = False) -> dict[str, Any]:
+    start = time.perf_counter()
+    progress = _progress_printer(quiet, start)
+    cores = os.cpu_count() or 1
+    torch.set_num_threads(cores)
+    store: dict[str, Any] = {}
+    sections: dict[str, Callable[[], list[dict[str, Any]]]] = {
+        "lightning": lambda: bench_lightning(s, progress),
+        "rope": lambda: bench_rope(s, progress),
+        "pipeline": lambda: bench_pipeline(s, progress, store),
+        "compressors": lambda: bench_compressors(s, progress),
+        "network": lambda: bench_network(s, progress),
+        "memory": lambda: bench_memory(s, progress, store),
+        "scale": lambda: bench_scale(s, progress, store),
+    }
+    rows: list[dict[str, Any]] = []
+    seconds: dict[str, float] = {}
+    for name in SECTIONS:  # fixed order: memory and scale reuse the pipeline section's runs
+        if name not in s.sections:
+            continue
+        t0 = time.perf_counter()
+        rows.extend(sections[name]())
+        seconds[name] = time.perf_counter() - t0
+    report = {
+        "preset": s.preset,
+        "git_commit": git_commit(),
+        "created": now(),
+        "machine": {**machine(cores), "cpus": cores},
+        "settings": s.as_dict(),
+        "section_seconds": seconds,
+        "wall_s": time.perf_counter() - start,
+        "rows": rows,
+    }
+    if not all_finite(report):
+        raise RuntimeError("a benchmark produced a non-finite number; bench.json was not written")
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "bench.md", format_table(report))
+    write_json_atomic(out / "bench.json", report)  # last: its presence means the run finished
+    return report
+
+
+def _fmt(value: float, unit: str) -> str:
+    if unit == "bytes":
+        for scale, name in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+            if abs(value) >= scale:
+                return f"{value / scale:.1f} {name}"
+        return f"{value:.0f} B"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    if abs(value) >= 1:
+        return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+    return f"{value:.3g}"
+
+
+def _note(r: dict[str, Any]) -> str:
+    sec = r["section"]
+    if sec == "compressors":
+        ok = "ok" if r["bytes_goal_met"] else "MISSED"
+        t = "ok" if r["time_goal_met"] else "MISSED"
+        return (f"ratio {r['compression_ratio']:.3f}; bytes {r['achieved_bytes']} vs {r['analytical_bytes']} ({ok}); "
+                f"codec {r['codec_s'] * 1e3:.2f} ms vs link saves {r['link_saved_s'] * 1e3:.1f} ms ({t})")
+    if sec == "network":
+        out = f"ratio {r['compression_ratio']:.3f}; link {r['link_time_per_step_s']:.3f} s/step"
+        if r.get("reference"):
+            out += f"; bound 1/ratio {r['speedup_bound_1_over_ratio']:.2f}, Amdahl {r['speedup_bound_amdahl']:.2f}"
+        return out
+    if sec == "scale":
+        return f"{r['bytes_per_step'] / 2**20:.2f} MiB sent per step"
+    if sec == "memory" and "analytical_bytes" in r:
+        return f"analytical {_fmt(r['analytical_bytes'], 'bytes')}"
+    if sec == "rope":
+        return f"{r['params']:,} params"
+    return ""
+
+
+def format_table(report: dict[str, Any]) -> str:
+    lines = [
+        f"Benchmark `{report['preset']}` at commit {report['git_commit']}, {report['created']}, "
+        f"{report['machine']['cpus']} CPUs, torch {report['machine']['torch']}, {report['wall_s'] / 60:.1f} min.",
+        "",
+        "| section | row | median | min..max | n | ratio (median, min..max) | goal | notes |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report["rows"]:
+        unit = r["unit"]
+        ratio = "" if r["ratio"] is None else f"{r['ratio']:.3f} ({r['ratio_min']:.3f}..{r['ratio_max']:.3f})"
+        goal = ""
+        if r["goal"] is not None:
+            goal = f"{'>=' if r['goal_kind'] == 'min' else '<='} {r['goal']:g}: {'met' if r['goal_met'] else 'MISSED'}"
+        lines.append(
+            f"| {r['section']} | {r['name']} | {_fmt(r['median'], unit)} {'' if unit == 'bytes' else unit} | "
+            f"{_fmt(r['min'], unit)}..{_fmt(r['max'], unit)} | {r['repeats']} | {ratio} | {goal} | {_note(r)} |"
+        )
+    lines.append("")
+    lines.append("Ratios are medians of per-repeat ratios (the repeats are interleaved). What each ratio is:")
+    lines.append("")
+    seen = set()
+    for r in report["rows"]:
+        key = (r["section"], r.get("ratio_meaning"))
+        if r.get("ratio_meaning") and key not in seen:
+            seen.add(key)
+            lines.append(f"- {r['section']}: {r['ratio_meaning']}")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="repro bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default=None, help=f"one of {PRESETS} (default full)")
+    parser.add_argument("--settings", default=None, help="a settings YAML instead of --preset")
+    parser.add_argument("--sections", nargs="+", default=None, help=f"run only these sections of {SECTIONS}")
+    parser.add_argument("--out", default="results/bench", help="results directory")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    args = parser.parse_args(argv)
+    quiet_lightning()
+    if args.preset and args.settings:
+        parser.error("give at most one of --preset or --settings")
+    try:
+        settings = load_settings(args.settings or args.preset or "full")
+        if args.sections:
+            fields = {**settings.__dict__, "sections": tuple(args.sections)}
+            settings = BenchSettings(**fields)
+        report = run_bench(settings, Path(args.out), args.quiet)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"repro bench: error: {exc}", file=sys.stderr)
+        return 2
+    print((Path(args.out) / "bench.md").read_text())
+    print(f"[bench] wrote {Path(args.out) / 'bench.json'} in {report['wall_s'] / 60:.1f} min", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

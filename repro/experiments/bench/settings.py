@@ -1,0 +1,134 @@
+"""Settings of ``make bench``: one YAML per preset (``paper_configs/experiments/bench/<preset>.yaml``),
+read by the engine's settings loader.
+
+``full`` is the default ``make bench`` (about 10 minutes on a 2-core CPU); ``quick`` is the
+subset the tests run (under 2 minutes): the same sections on a smaller model, fewer repeats.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from repro.pipeline.codecs import METHODS
+from repro.pipeline.compressors import build_compressor
+from repro.runs.settings import load_settings as load_settings_file
+from repro.runs.settings import shipped_settings
+
+PRESETS = ("full", "quick")
+SECTIONS = ("lightning", "rope", "pipeline", "compressors", "network", "memory", "scale")
+
+
+@dataclass(frozen=True)
+class NetworkRun:
+    method: str  # pipeline method (repro.pipeline.methods.METHODS)
+    fwd_compressor: str = "identity"  # activation compressor
+    bwd_compressor: str = "identity"  # gradient compressor
+    p: float = 1.0  # lazy-sampling probability
+
+    @property
+    def label(self) -> str:
+        if self.method == "none":
+            return "none" if self.p == 1.0 else f"none p={self.p:g}"
+        comp = self.fwd_compressor if self.fwd_compressor == self.bwd_compressor else f"{self.fwd_compressor}/{self.bwd_compressor}"
+        return f"{self.method} {comp}" + (f" p={self.p:g}" if self.p != 1.0 else "")
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    preset: Literal["full", "quick"]  # the name written into bench.json
+    n_layer: int = 12  # GPT layers (divisible by every entry of stages)
+    n_embd: int = 128  # hidden width
+    n_head: int = 4  # attention heads
+    vocab_size: int = 2048  # token ids of the synthetic data
+    block_size: int = 128  # sequence length of every section except scale
+    batch_size: int = 16  # sequences per optimizer step
+    micro_batches: int = 4  # M micro-batches per step in every pipeline run
+    repeats: int = 3  # interleaved repeats of every timed measurement (median and spread over them)
+    warmup_steps: int = 5  # steps run before the clock starts (single process)
+    timed_steps: int = 20  # steps timed per repeat (single process)
+    rope_timed_steps: int = 10  # steps timed per repeat and variant (rope section; 6 variants)
+    pipe_repeats: int = 5  # repeats of the pipeline section (each run starts K processes)
+    network_repeats: int = 2  # repeats of the network section
+    pipe_warmup_steps: int = 3  # steps run before the clock starts (pipeline runs)
+    pipe_timed_steps: int = 8  # steps timed per repeat (pipeline runs)
+    stages: tuple[int, ...] = (2, 4)  # K of the pipeline comparison and the scale curve
+    mla_rope_widths: tuple[int, ...] = (0, 8, 32)  # MLA physical rotary widths (0 = the reference)
+    seq_lengths: tuple[int, ...] = (64, 128, 256)  # sequence lengths of the scale curve
+    seq_stages: int = 2  # K of the sequence-length curve
+    bandwidth_mbps: float = 100.0  # emulated link of the network section
+    network_stages: int = 4  # K of the network section
+    network_runs: tuple[NetworkRun, ...] = (  # methods timed on the emulated link (the first, 'none', is the reference)
+        NetworkRun("none"),
+        NetworkRun("clapping_fc", "quant(4)", "quant(8)"),
+        NetworkRun("clapping_fc", "quant(4)", "quant(8)", 0.5),
+        NetworkRun("clapping_fu", "topk(0.1)", "topk(0.1)", 0.5),
+    )
+    compressors: tuple[str, ...] = ("fp16", "bf16", "topk(0.01)", "topk(0.1)", "randk(0.1)", "quant(2)", "quant(4)", "quant(8)")  # compressors timed
+    compressor_shapes: tuple[tuple[int, ...], ...] = ((4, 128, 128), (4, 512, 512), (4, 1024, 768))  # message shapes (micro-batch, T, d)
+    compressor_repeats: int = 5  # timed compress+decompress calls per compressor and shape
+    memory_sizes: tuple[int, ...] = (1000, 4000, 16000)  # dataset sizes N of the buffer-memory curve
+    sections: tuple[str, ...] = SECTIONS  # which sections run
+    path: str = field(default="", compare=False)  # the YAML these settings came from
+
+    def __post_init__(self) -> None:
+        where = f"bench settings {self.path!r}" if self.path else "bench settings"
+        if self.preset not in PRESETS:
+            raise ValueError(f"{where}: preset={self.preset!r}; allowed {PRESETS}")
+        for name in ("n_layer", "n_embd", "n_head", "vocab_size", "block_size", "batch_size", "micro_batches",
+                     "repeats", "timed_steps", "rope_timed_steps", "pipe_repeats", "network_repeats", "pipe_timed_steps", "seq_stages", "network_stages", "compressor_repeats"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{where}: {name}={value!r}: must be a positive integer")
+        for name in ("warmup_steps", "pipe_warmup_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{where}: {name}={value!r}: must be an integer >= 0")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"{where}: n_head={self.n_head} must divide n_embd={self.n_embd}")
+        if self.batch_size % self.micro_batches:
+            raise ValueError(f"{where}: batch_size={self.batch_size} must divide into micro_batches={self.micro_batches}")
+        for name in ("stages", "seq_lengths", "mla_rope_widths", "memory_sizes"):
+            if not getattr(self, name):
+                raise ValueError(f"{where}: {name} is empty")
+        for k in (*self.stages, self.seq_stages, self.network_stages):
+            if k < 2 or self.n_layer % k:
+                raise ValueError(f"{where}: stages {k}: need 2 <= K and K dividing n_layer={self.n_layer}")
+        for w in self.mla_rope_widths:
+            if isinstance(w, bool) or not isinstance(w, int) or w < 0 or w % 2:
+                raise ValueError(f"{where}: mla_rope_widths entry {w!r}: must be an even integer >= 0")
+        if 0 not in self.mla_rope_widths:
+            raise ValueError(f"{where}: mla_rope_widths={list(self.mla_rope_widths)}: must include 0 (the reference)")
+        if self.block_size not in self.seq_lengths:
+            raise ValueError(f"{where}: seq_lengths={list(self.seq_lengths)} must include block_size={self.block_size}")
+        if not self.bandwidth_mbps > 0:
+            raise ValueError(f"{where}: bandwidth_mbps={self.bandwidth_mbps!r}: must be > 0")
+        if not self.network_runs or self.network_runs[0].method != "none" or self.network_runs[0].p != 1.0:
+            raise ValueError(f"{where}: network_runs must start with method 'none' (p 1), the reference")
+        for run in self.network_runs:
+            if run.method not in METHODS:
+                raise ValueError(f"{where}: network_runs method={run.method!r}; allowed {METHODS}")
+            build_compressor(run.fwd_compressor, f"{where}: network_runs fwd_compressor")
+            build_compressor(run.bwd_compressor, f"{where}: network_runs bwd_compressor")
+        for spec in self.compressors:
+            build_compressor(spec, f"{where}: compressors")
+        bad = [s for s in self.sections if s not in SECTIONS]
+        if bad or not self.sections:
+            raise ValueError(f"{where}: sections={list(self.sections)!r}; allowed a non-empty subset of {SECTIONS}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("path")
+        return out
+
+
+def load_settings(path_or_preset: str | Path) -> BenchSettings:
+    """Settings from a preset name (full, quick) or a YAML path; unknown keys are refused."""
+    text = str(path_or_preset)
+    path = shipped_settings("bench", text, PRESETS) if text in PRESETS else Path(text)
+    return load_settings_file(BenchSettings, path, "bench settings")

@@ -1,0 +1,124 @@
+"""``make reproduce-clapping``: the Clapping experiments (spec section 7).
+
+Every row of the grid (method x compressor x p) is trained for every seed through the
+``clapping`` strategy at K stages on K processes (fork launcher, gloo), as runs of the engine: a
+run writes its result JSON (atomically) when it ends, and a second call reuses every finished run
+whose fingerprint matches and trains only what is missing. The memory figure's points are
+measured by allocating the buffers each method keeps, for every dataset size N of the settings.
+The table is written last, md, csv and then json.
+
+    repro clapping --scale cpu [--seeds 0 1] [--out results/clapping]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from repro.dataclass_docs import fields_help
+from repro.pipeline.memory import buffer_memory_points
+from repro.runs import Progress, RunResult, check_accelerator, train_all
+from repro.runs.build import quiet_lightning
+from repro.runs.interrupts import remember_interrupts, stop_if_interrupted
+from repro.runs.model_config import load_model_config
+from repro.runs.provenance import display_path
+
+from .plan import ClappingRow, grid
+from .report import build_report, write_report
+from .settings import SCALES, ClappingSettings, load_clapping_settings, settings_path
+
+
+def run_record(row: ClappingRow, result: RunResult, runs_dir: Path) -> dict[str, Any]:
+    """One run as a flat record of the table's json (what the figures read)."""
+    summary = result.pipeline or {}
+    return {
+        "name": result.name, "method": row.method, "compressor": row.compressor, "p": row.p, "seed": result.seed,
+        "fingerprint": result.fingerprint, "final_val_loss": result.final_val_loss,
+        "final_train_loss": result.metrics.get("train/loss"), "steps": result.global_step,
+        "bytes_total": summary.get("bytes_total", 0.0), "raw_bytes_total": summary.get("raw_bytes_total", 0.0),
+        "bytes_sent_per_rank": summary.get("bytes_sent_per_rank", []),
+        "buffer_bytes_per_rank": summary.get("buffer_bytes_per_rank", []),
+        "fresh_batches": summary.get("fresh_batches"), "train_wall_s": summary.get("train_wall_s"),
+        "wall_s": result.wall_s, "reused": result.reused, "tensorboard_dir": str(runs_dir / "tb" / result.name),
+    }
+
+
+def measure_memory(settings: ClappingSettings, dataset_size: int, block_size: int, d_model: int,
+                   batch_size: int) -> list[dict[str, Any]]:
+    """The memory figure's points for these settings: every N of ``memory_sizes`` and the run's N."""
+    m = settings.micro_batches
+    points = buffer_memory_points(sorted({*settings.memory_sizes, dataset_size}), block_size, d_model, m,
+                                  batch_size // m, settings.compressors[0])
+    return [{**asdict(p), "is_dataset": p.N == dataset_size} for p in points]
+
+
+def run_clapping(settings: ClappingSettings, out: Path, cache_dir: str | None = None,
+                 quiet: bool = False) -> dict[str, Any]:
+    check_accelerator(settings.accelerator)
+    config = load_model_config(settings.model)
+    config.check_trainable_by_experiment("clapping model")
+    datamodule = config.datamodule(**({"cache_dir": cache_dir} if cache_dir else {}))
+    datamodule.setup()
+    dataset_size = len(datamodule.train_set)
+    if datamodule.batch_size % settings.micro_batches:
+        raise ValueError(f"clapping settings: micro_batches={settings.micro_batches} does not divide the model "
+                         f"config's data.batch_size={datamodule.batch_size}")
+    runs_dir = out / "runs"
+    jobs = grid(settings, settings.seeds, runs_dir)
+    start = time.perf_counter()
+    progress = Progress("clapping", len(jobs), sum(s.steps for _, s in jobs), 1, quiet)
+    progress.note(f"scale {settings.scale}: {len(jobs) // len(settings.seeds)} rows x {len(settings.seeds)} seeds = "
+                  f"{len(jobs)} runs of {settings.steps} steps at K={settings.stages} (N={dataset_size} training samples)")
+    with remember_interrupts():
+        results = train_all([s for _, s in jobs], settings.accelerator, 1, cache_dir, progress)
+        stop_if_interrupted()
+    records = [run_record(row, results[spec.key], runs_dir) for row, spec in jobs]
+    memory = measure_memory(settings, dataset_size, config.block_size, int(config.gpt["n_embd"]), datamodule.batch_size)
+    report = build_report(settings, records, memory, seeds=settings.seeds, dataset_size=dataset_size,
+                          wall_s=time.perf_counter() - start, trained_runs=progress.trained,
+                          model_config=display_path(config.path))
+    write_report(report, out)
+    return report
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="repro clapping", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=__doc__.split("\n\n")[0], epilog="settings file fields:\n" + fields_help(ClappingSettings))
+    parser.add_argument("--scale", default=None, choices=SCALES,
+                        help="which shipped settings: paper_configs/experiments/clapping/<scale>.yaml")
+    parser.add_argument("--settings", default=None, help="a settings YAML instead of --scale")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="override the settings' seeds")
+    parser.add_argument("--out", default="results/clapping", help="results directory")
+    parser.add_argument("--cache-dir", default=None, help="tokenizer and token cache (default: the config's data.cache_dir)")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if bool(args.scale) == bool(args.settings):
+        parser.error("give exactly one of --scale or --settings")
+    quiet_lightning()
+    try:
+        if args.seeds is not None and (len(set(args.seeds)) != len(args.seeds) or min(args.seeds) < 0):
+            raise ValueError(f"--seeds {args.seeds}: give distinct non-negative integers")
+        settings = load_clapping_settings(args.settings or settings_path(args.scale),
+                                          seeds=tuple(args.seeds) if args.seeds else None)
+        report = run_clapping(settings, Path(args.out), args.cache_dir, args.quiet)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"repro clapping: error: {exc}", file=sys.stderr)
+        return 2
+    print((Path(args.out) / "clapping_table.md").read_text())
+    print(f"[clapping] {report['trained_runs']} runs trained, {report['total_runs'] - report['trained_runs']} reused; "
+          f"{report['wall_s'] / 60:.1f} min", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,151 @@
+"""``make reproduce-table1``: the from-scratch comparison of budget-matched RoPE allocations.
+
+For each architecture (fixed-width MHA and MLA), in two stages of training runs:
+
+1. profiles: the coverage-benefit profile of the target model and of the smaller source member,
+   and the all-high reference (the all-high row's first seed, saved as a checkpoint) whose
+   phase-off profile is then measured;
+2. rows: the source profile is transferred to the target by normalized depth, every method of
+   spec section 4 allocates, and every allocation is trained for every seed (same init seed and
+   data order per seed across rows), plus the pair runs of the interaction terms and the extra
+   budgets of the quality-storage-compute figure.
+
+Every run is a run of the engine (``repro.runs``): its result JSON and TensorBoard log go under
+``<out>/<arch>/``, and a finished run found there is reused, so an interrupted reproduction
+continues where it stopped. The table (md, csv, json) is written atomically at the end.
+
+    repro table1 --scale cpu [--seeds 0 1 2] [--steps N] [--workers W] [--out results/table1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from repro.alloc.analysis import interaction_terms
+from repro.alloc.coverage_profile import pair_benefits_from_results, profile_from_results
+from repro.alloc.phase_off_profile import measure_phase_off_profile
+from repro.alloc.transfer import transfer_profile
+from repro.dataclass_docs import fields_help
+from repro.runs import Progress, RunResult, check_accelerator, train_all
+from repro.runs.build import quiet_lightning
+from repro.runs.interrupts import remember_interrupts
+
+from .plan import (ROW_METHODS, interaction_pairs, make_plan, row_allocations, seeds_of, stage1_specs, stage2_specs,
+                   sweep_allocations, widths_name)
+from .report import build_table, write_table
+from .results import ArchOutcome
+from .settings import SCALES, Table1Settings, load_table1_settings, settings_path
+
+
+def run_table1(settings: Table1Settings, out: Path, cache_dir: str | None = None, quiet: bool = False) -> dict:
+    """Run (or resume) the whole Table 1 pipeline and write the table; returns the table document."""
+    started = time.perf_counter()
+    check_accelerator(settings.accelerator)
+    plans = [make_plan(settings, arch, out) for arch in settings.architectures]
+    vocab = {}
+    for plan in plans:  # the tokenizer and token caches, once, before any worker starts
+        dm = plan.target.datamodule(**({"cache_dir": cache_dir} if cache_dir else {}))
+        dm.setup("fit")
+        vocab[plan.arch] = dm.vocab_size
+
+    stage1 = [spec for plan in plans for spec in stage1_specs(plan, settings)]
+    estimate = sum(len(plan_rows_estimate(settings)) for _ in plans) * len(settings.seeds)
+    progress = Progress("table1", len(stage1) + estimate, sum(s.steps for s in stage1) + estimate * settings.steps,
+                        settings.workers if settings.accelerator == "cpu" else 1, quiet)
+    progress.note(f"scale {settings.scale}: stage 1 of 2, {len(stage1)} profile and reference runs "
+                  f"({', '.join(settings.architectures)}); about {estimate} row runs follow")
+    with remember_interrupts():
+        results = train_all(stage1, settings.accelerator, settings.workers, cache_dir, progress)
+        progress.note("stage 1 done: profiles, transfer, phase-off profile and allocations")
+        device = "cuda" if settings.accelerator == "gpu" and torch.cuda.is_available() else "cpu"
+        staged = []
+        stage2 = []
+        for plan in plans:
+            benefit = profile_from_results(plan.target, plan.levels, plan.profile, _by_name(results, plan.profile_specs("target")),
+                                           plan.profile_dir("target"), vocab[plan.arch])
+            source = profile_from_results(plan.source, plan.levels, plan.profile, _by_name(results, plan.profile_specs("source")),
+                                          plan.profile_dir("source"), vocab[plan.arch])
+            transferred = transfer_profile(source, plan.shape.n_layer, settings.transfer_method,
+                                           plan.target.gpt_config(vocab[plan.arch]).to_dict(),
+                                           source_path=str(plan.profiles_dir / "coverage_source.json"))
+            reference = results[plan.row_spec(plan.reference_widths, settings.seeds[0], reference=True).key]
+            phase_off = measure_phase_off_profile(plan.target, reference.checkpoint, cache_dir=cache_dir, device=device)
+            for name, profile in (("coverage_target", benefit), ("coverage_source", source),
+                                  ("transferred", transferred), ("phase_off_target", phase_off)):
+                profile.save(plan.profiles_dir / f"{name}.json")
+            allocations = row_allocations(plan, settings, benefit, transferred, phase_off)
+            sweep = sweep_allocations(plan, settings, benefit)
+            pairs = interaction_pairs(settings, benefit)
+            staged.append((plan, benefit, source, transferred, phase_off, allocations, sweep, pairs))
+            stage2 += stage2_specs(plan, settings, allocations, sweep, benefit, pairs)
+        done = {s.key for s in stage1}
+        stage2 = [s for s in stage2 if s.key not in done]  # the reference is already trained
+        progress.extend(len(stage2) - estimate, sum(s.steps for s in stage2) - estimate * settings.steps)
+        progress.note(f"stage 2 of 2: {len(stage2)} runs (every row x {len(settings.seeds)} seeds, interaction pairs, "
+                      f"extra budgets)")
+        results.update(train_all(stage2, settings.accelerator, settings.workers, cache_dir, progress))
+
+    outcomes = []
+    for plan, benefit, source, transferred, phase_off, allocations, sweep, pairs in staged:
+        runs = {widths_name(a.widths, seed): results[plan.row_spec(a.widths, seed).key]
+                for a in allocations + sweep for seed in seeds_of(a, settings)}
+        pair_runs = {s.name: results[s.key] for s in plan.profile_specs("target")}
+        pair_runs.update({s.name: results[s.key] for s in stage2_specs(plan, settings, [], [], benefit, pairs)})
+        measured = pair_benefits_from_results(benefit, pairs, pair_runs) if pairs else {}
+        outcomes.append(ArchOutcome(plan, benefit, source, transferred, phase_off, tuple(allocations), tuple(sweep),
+                                    runs, tuple(interaction_terms(benefit.values, measured))))
+    doc = build_table(settings, outcomes, wall_s=time.perf_counter() - started, trained=progress.trained,
+                      reused=progress.done - progress.trained, all_runs=list(results.values()))
+    write_table(doc, out)
+    progress.note(f"wrote {out}/table1.md, .csv, .json in {time.perf_counter() - started:.0f} s "
+                  f"({progress.trained} runs trained, {progress.done - progress.trained} reused)")
+    return doc
+
+
+def plan_rows_estimate(settings: Table1Settings) -> list[str]:
+    """The row allocations before the profiles exist (for the progress estimate)."""
+    return [m for m in ROW_METHODS if m != "random-k"] + ["random-k"] * settings.random_draws
+
+
+def _by_name(results: dict[str, RunResult], specs) -> dict[str, RunResult]:
+    return {s.name: results[s.key] for s in specs}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="repro table1", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=__doc__.split("\n\n")[0], epilog="settings file fields:\n" + fields_help(Table1Settings))
+    parser.add_argument("--scale", default="cpu", choices=SCALES,
+                        help="which shipped settings: paper_configs/experiments/table1/<scale>.yaml (default cpu)")
+    parser.add_argument("--settings", type=Path, default=None, help="a settings YAML instead of the scale's own")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds of the rows (default: the settings')")
+    parser.add_argument("--steps", type=int, default=None, help="steps of a row run instead of the settings' (quick checks)")
+    parser.add_argument("--workers", type=int, default=None, help="runs trained side by side on CPU (default: the settings')")
+    parser.add_argument("--accelerator", default=None, choices=("cpu", "gpu"), help="cpu or gpu (default: the settings')")
+    parser.add_argument("--out", type=Path, default=Path("results/table1"), help="output folder (default results/table1)")
+    parser.add_argument("--cache-dir", default=None, help="tokenizer and token cache (default: the configs' data.cache_dir)")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    quiet_lightning()
+    try:
+        settings = load_table1_settings(args.settings or settings_path(args.scale),
+                                        seeds=tuple(args.seeds) if args.seeds else None, steps=args.steps,
+                                        workers=args.workers, accelerator=args.accelerator)
+        run_table1(settings, args.out, args.cache_dir, args.quiet)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"repro table1: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""``ReproCLI``: the LightningCLI of the suite's GPT and data, used by ``repro fit|validate|test``
+and by the run engine (``repro.runs``), so a config trains the same way under both.
+
+The model's ``vocab_size`` is linked from the datamodule's trained tokenizer and its
+``block_size`` from the data's block size, so a config names each only once. When
+``trainer.precision`` is not set, it is ``bf16-mixed`` on a GPU and ``32-true`` on a CPU. The
+model config is validated before any class is built, and a ``ckpt_path`` must be a readable
+checkpoint of the configured model; both fail with :class:`ConfigError` (one line, naming the
+field or the file).
+"""
+
+from __future__ import annotations
+
+from lightning.pytorch.cli import LightningCLI
+
+from repro.data import TextDataModule
+from repro.models import GPTConfig
+
+from .checkpoints import check_checkpoint_matches, read_checkpoint
+from .gpt_module import GPTLightningModule
+from .precision import default_precision
+
+SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
+
+
+class ConfigError(ValueError):
+    """A config or checkpoint that cannot be used (the message names the field or file)."""
+
+
+def _gpt_fields(gpt) -> dict:
+    return dict(gpt.as_dict() if hasattr(gpt, "as_dict") else gpt)
+
+
+class ReproCLI(LightningCLI):
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("model_class", GPTLightningModule)
+        kwargs.setdefault("datamodule_class", TextDataModule)
+        super().__init__(*args, **kwargs)
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.link_arguments("data.block_size", "model.gpt.block_size")
+        parser.link_arguments("data.vocab_size", "model.gpt.vocab_size", apply_on="instantiate")
+
+    def parse_arguments(self, parser, args) -> None:
+        """Parse, then check the model config and the checkpoint (before Lightning reads the checkpoint's
+        hyperparameters into the config)."""
+        super().parse_arguments(parser, args)
+        config = self.config[self.config.subcommand] if self.config.get("subcommand") else self.config
+        self._check_model_config(config)
+        self._check_checkpoint(config)
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        trainer = config.get("trainer")
+        if trainer is not None and trainer.get("precision") is None:
+            trainer["precision"] = default_precision(trainer.get("accelerator", "auto"))
+
+    @staticmethod
+    def _check_model_config(config) -> None:
+        """Validate the architecture before any class is built (vocab_size is linked later)."""
+        gpt = config.get("model", {}).get("gpt")
+        if gpt is None:
+            return
+        fields = _gpt_fields(gpt)
+        fields["vocab_size"] = fields.get("vocab_size") or 1
+        try:
+            GPTConfig(**fields)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"invalid model.gpt: {exc}") from None
+
+    @staticmethod
+    def _check_checkpoint(config) -> None:
+        """A ``ckpt_path`` must be a readable checkpoint of the configured model (tensors are
+        memory-mapped, not read)."""
+        ckpt = config.get("ckpt_path")
+        if not ckpt or str(ckpt) in SPECIAL_CKPT_PATHS:
+            return
+        try:
+            data = read_checkpoint(ckpt, mmap=True)
+        except (FileNotFoundError, ValueError) as exc:
+            raise ConfigError(f"ckpt_path={str(ckpt)!r}: {str(exc).split(': ', 1)[-1]}") from None
+        saved = data.get("hyper_parameters", {}).get("gpt")
+        gpt = config.get("model", {}).get("gpt")
+        if saved is None or gpt is None:
+            return
+        fields = _gpt_fields(gpt)
+        fields["vocab_size"] = saved.get("vocab_size", 1)  # linked from the data later
+        try:
+            check_checkpoint_matches(saved, GPTConfig(**fields), str(ckpt), ignore=("vocab_size",))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"ckpt_path: {exc}; use the config the checkpoint was trained with") from None

@@ -1,0 +1,59 @@
+"""``repro fit|validate|test --config FILE [--key=value ...]``: LightningCLI on a model config.
+
+Problems with the config file itself (missing, moved, not YAML, not a mapping) and with the
+model or checkpoint it names are reported in one line, before anything is built or written.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import yaml
+
+from repro.pipeline.lightning import register_strategies
+from repro.paths import missing_file_message
+
+from .cli import ConfigError, ReproCLI
+
+
+def config_file_problem(args: list[str]) -> str | None:
+    """Why a ``--config`` file of the command line cannot be used (None when every one can)."""
+    paths = []
+    for i, arg in enumerate(args):
+        if arg in ("--config", "-c") and i + 1 < len(args):
+            paths.append(args[i + 1])
+        elif arg.startswith("--config="):
+            paths.append(arg.split("=", 1)[1])
+    for path in paths:
+        if path.lstrip().startswith(("{", "[")) or "\n" in path:  # an inline config string
+            continue
+        file = Path(path)
+        if not file.is_file():
+            return missing_file_message(path, "--config")
+        try:
+            data = yaml.safe_load(file.read_text(encoding="utf-8"))
+        except UnicodeDecodeError:
+            return f"--config {path!r}: not UTF-8 text"
+        except yaml.YAMLError as exc:
+            return f"--config {path!r}: not valid YAML ({str(exc).splitlines()[0]})"
+        if data is not None and not isinstance(data, dict):
+            return f"--config {path!r}: must be a mapping of sections (trainer, model, data), got a {type(data).__name__}"
+    return None
+
+
+def main(argv: list[str]) -> int:
+    """``argv[0]`` is the subcommand (fit, validate or test)."""
+    command = argv[0]
+    problem = config_file_problem(argv)
+    if problem:
+        print(f"repro {command}: error: {problem}", file=sys.stderr)
+        return 2
+    register_strategies()
+    try:
+        ReproCLI(args=argv, save_config_kwargs={"overwrite": True},
+                 parser_kwargs={"description": "Train and evaluate the suite's GPT models with Lightning."})
+    except ConfigError as exc:
+        print(f"repro {command}: error: {exc}", file=sys.stderr)
+        return 2
+    return 0

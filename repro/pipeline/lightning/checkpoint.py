@@ -1,0 +1,111 @@
+"""Checkpoints of a pipeline run: the full model (every stage's part, gathered on rank 0, so a
+single-process Trainer can load it), the optimizer state of every stage, and the pipeline's own
+state (method buffers of every rank, the sampler's step, byte totals, options)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import torch.distributed as dist
+
+from . import compat
+
+
+def gather_objects(obj: Any, world_size: int, is_global_zero: bool, group) -> list[Any] | None:
+    """Python objects from every rank, on rank 0 (None elsewhere)."""
+    out = [None] * world_size if is_global_zero else None
+    dist.gather_object(obj, out, dst=0, group=group)
+    return out
+
+
+def merge_stage_state_dicts(full_keys, parts: list[dict[str, Any]]) -> OrderedDict[str, Any]:
+    """The full state dict from every stage's own entries, in the module's key order (a tied
+    parameter held by several stages is taken from the lowest one)."""
+    merged: OrderedDict[str, Any] = OrderedDict()
+    for key in full_keys:
+        for part in parts:
+            if key in part:
+                merged[key] = part[key]
+                break
+    return merged
+
+
+def pipeline_state(strategy, with_sample_rows: bool) -> dict[str, Any] | None:
+    """The ``clapping`` entry of a checkpoint (a collective; rank 0 gets it, others None)."""
+    rank_state = {f"{d}:{r}": c.state_dict(with_sample_rows) for (d, r), c in strategy.codecs.items()}
+    gathered = gather_objects(rank_state, strategy.world_size, strategy.is_global_zero, strategy.object_group)
+    if not strategy.is_global_zero:
+        return None
+    return {
+        "num_stages": strategy.num_stages,
+        "layers_per_stage": strategy.split.counts if strategy.split else None,
+        "options": strategy.options.as_dict(),
+        "steps_done": strategy.steps_done,
+        "sampler": strategy.sampler.state_dict(strategy.steps_done) if strategy.sampler is not None else None,
+        "codecs": gathered,
+        "totals": strategy.totals.state_dict(),
+    }
+
+
+def check_same_pipeline(state: dict[str, Any], num_stages: int, counts: list[int] | None, path) -> None:
+    if state["num_stages"] != num_stages or (counts and state["layers_per_stage"] != counts):
+        raise ValueError(
+            f"checkpoint {path}: written by a {state['num_stages']}-stage pipeline with layers "
+            f"{state['layers_per_stage']} per stage; this run has {num_stages} stages with {counts}. Resume with "
+            f"the same stages, or load the full model with a single-process Trainer"
+        )
+
+
+def full_state_dict(strategy) -> dict[str, Any]:
+    """The full model's state dict on rank 0, gathered from every stage (a collective)."""
+    full = strategy.lightning_module.state_dict()
+    if strategy.local is None or strategy.world_size == 1:
+        return full
+    mine = {k: v.detach().cpu() for k, v in full.items() if k not in strategy.local.freed_keys}
+    gathered = gather_objects(mine, strategy.world_size, strategy.is_global_zero, strategy.object_group)
+    return merge_stage_state_dicts(full, gathered) if strategy.is_global_zero else mine
+
+
+def stage_optimizer_states(strategy, optimizer) -> dict[str, Any]:
+    """Every stage's optimizer state, on rank 0 (a collective)."""
+    state = getattr(optimizer, "optimizer", optimizer).state_dict()
+    gathered = gather_objects(state, strategy.world_size, strategy.is_global_zero, strategy.object_group)
+    return {"pipeline_stages": gathered} if strategy.is_global_zero else {}
+
+
+def restore_pipeline_state(strategy, ckpt: dict[str, Any], path) -> None:
+    """Put a checkpoint's pipeline state back: step count, totals, and (now, or once they exist)
+    this rank's codec buffers and the sampler."""
+    state = ckpt.get("clapping")
+    if state is None:
+        return
+    check_same_pipeline(state, strategy.num_stages, strategy.split.counts if strategy.split else None, path)
+    strategy.steps_done = int(state["steps_done"])
+    strategy.totals.load_state_dict(state.get("totals", {}))
+    if state.get("sampler") is not None:
+        strategy.pending["sampler"] = state["sampler"]
+    codecs = state["codecs"][strategy.global_rank] if state.get("codecs") else {}
+    if strategy.codecs:
+        for key, codec_state in codecs.items():
+            strategy.codecs[tuple(key.split(":"))].load_state_dict(codec_state, strategy.root_device)
+    else:
+        strategy.pending["codecs"] = codecs
+
+
+def load_stage_weights(strategy, ckpt: dict[str, Any], strict: bool) -> None:
+    """This stage's entries of the full model's state dict."""
+    freed = strategy.local.freed_keys if strategy.local is not None else set()
+    mine = {k: v for k, v in ckpt["state_dict"].items() if k not in freed}
+    result = strategy.lightning_module.load_state_dict(mine, strict=False)
+    missing = [k for k in result.missing_keys if k not in freed]
+    if strict and missing:
+        raise KeyError(f"checkpoint lacks this stage's entries: {missing[:5]}")
+
+
+def load_stage_optimizer_states(strategy, ckpt: dict[str, Any]) -> None:
+    for optimizer, state in zip(strategy.optimizers, ckpt["optimizer_states"]):
+        if "pipeline_stages" in state:
+            state = state["pipeline_stages"][strategy.global_rank]
+        optimizer.load_state_dict(state)
+    compat.optimizers_to_device(strategy.optimizers, strategy.root_device)

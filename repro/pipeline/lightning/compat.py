@@ -1,0 +1,121 @@
+"""Every use of Lightning's private API in the suite, in one place.
+
+The strategy needs a few things Lightning keeps private: its process-group set-up, its launchers,
+moving optimizer state, two counters of the fit loop, and the precision plugin's clipping. When a
+Lightning upgrade moves one of them, ``missing_symbols()`` names it (a test calls it), and this is
+the only file to change. A test also fails on a private Lightning import anywhere else in
+``repro/``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import tempfile
+import types
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+from lightning.fabric.utilities.distributed import _init_dist_connection
+from lightning.fabric.utilities.optimizer import _optimizers_to_device
+from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher, _WorkerOutput
+from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+from lightning.pytorch.trainer.states import TrainerFn
+from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
+
+# module path -> private names imported from it (checked by missing_symbols)
+PRIVATE_IMPORTS = {
+    "lightning.fabric.utilities.distributed": ("_init_dist_connection",),
+    "lightning.fabric.utilities.optimizer": ("_optimizers_to_device",),
+    "lightning.pytorch.strategies.launchers.multiprocessing": ("_MultiProcessingLauncher", "_WorkerOutput"),
+    "lightning.pytorch.strategies.launchers.subprocess_script": ("_SubprocessScriptLauncher",),
+}
+# private attributes read or written on Lightning objects: (what, attribute)
+PRIVATE_ATTRIBUTES = (
+    ("Trainer.fit_loop", "_should_accumulate"),
+    ("Trainer.fit_loop.epoch_loop", "_batches_that_stepped"),
+    ("Strategy", "_launcher"),
+    ("_MultiProcessingLauncher", "_collect_rank_zero_results"),
+)
+
+
+def init_process_group(cluster_environment, backend: str, **kwargs: Any) -> None:
+    """Lightning's process-group set-up (it exports MASTER_ADDR/PORT from the cluster environment)."""
+    _init_dist_connection(cluster_environment, backend, **kwargs)
+
+
+def optimizers_to_device(optimizers, device) -> None:
+    _optimizers_to_device(optimizers, device)
+
+
+def should_accumulate(trainer) -> bool:
+    """Whether this training batch only accumulates gradients (no optimizer step)."""
+    return trainer.fit_loop._should_accumulate()
+
+
+def batches_that_stepped(trainer) -> int:
+    """The optimizer steps Lightning's logger connector counts (its logging step)."""
+    return trainer.fit_loop.epoch_loop._batches_that_stepped
+
+
+def set_launcher(strategy, launcher) -> None:
+    """A strategy's launcher (Lightning's own strategies set this attribute in _configure_launcher)."""
+    strategy._launcher = launcher
+
+
+def override_grad_norm_clipping(precision_plugin, clip: Callable[[Any, float], None]) -> None:
+    """Make the precision plugin clip by ``clip(optimizer, max_norm)`` (a norm over all stages)."""
+    precision_plugin.clip_grad_by_norm = types.MethodType(lambda _self, optimizer, value: clip(optimizer, value),
+                                                          precision_plugin)
+
+
+def script_launcher(cluster_environment, num_processes: int, num_nodes: int):
+    """Lightning's popen launcher (the CLI, torchrun, SLURM)."""
+    return _SubprocessScriptLauncher(cluster_environment, num_processes, num_nodes)
+
+
+class FullModelLauncher(_MultiProcessingLauncher):
+    """Lightning's spawn/fork launcher with two changes: a failed rank is named (torch stops the
+    others), and rank 0 sends the *full* model back to the main process (gathered from every
+    stage), not its own stage's part."""
+
+    def launch(self, function, *args: Any, trainer=None, **kwargs: Any) -> Any:
+        try:
+            return super().launch(function, *args, trainer=trainer, **kwargs)
+        except ProcessExitedException as exc:
+            how = f"was killed by signal {exc.signal_name}" if exc.signal_name else f"exited with code {exc.exit_code}"
+            raise RuntimeError(
+                f"strategy='clapping': rank {exc.error_index} (pid {exc.error_pid}) {how}; every other rank was stopped"
+            ) from None
+        except ProcessRaisedException as exc:
+            raise RuntimeError(
+                f"strategy='clapping': rank {exc.error_index} failed; every other rank was stopped.\n{exc.msg}"
+            ) from None
+
+    def _collect_rank_zero_results(self, trainer, results: Any):
+        checkpoint_callback = trainer.checkpoint_callback
+        best_model_path = getattr(checkpoint_callback, "best_model_path", None) if checkpoint_callback else None
+        state_dict = self._strategy.lightning_module_state_dict()  # a collective: every rank calls it
+        if self._strategy.local_rank != 0:
+            return None
+        weights_path = None
+        if trainer.state.fn == TrainerFn.FITTING:
+            weights_path = os.path.join(tempfile.mkdtemp(), ".temp.ckpt")
+            self._strategy.checkpoint_io.save_checkpoint(state_dict, weights_path)
+        extra = self.get_extra_results(trainer)
+        return _WorkerOutput(best_model_path, weights_path, trainer.state, results, extra)
+
+
+def missing_symbols() -> list[str]:
+    """The private Lightning names this module relies on that the installed Lightning lacks."""
+    missing = []
+    for module, names in PRIVATE_IMPORTS.items():
+        mod = importlib.import_module(module)
+        missing += [f"{module}.{name}" for name in names if not hasattr(mod, name)]
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, enable_checkpointing=False)
+    owners = {"Trainer.fit_loop": trainer.fit_loop, "Trainer.fit_loop.epoch_loop": trainer.fit_loop.epoch_loop,
+              "Strategy": trainer.strategy, "_MultiProcessingLauncher": _MultiProcessingLauncher}
+    missing += [f"{what}.{attr}" for what, attr in PRIVATE_ATTRIBUTES if not hasattr(owners[what], attr)]
+    return missing

@@ -1,0 +1,137 @@
+"""One process per pipeline stage: the ranks, how they are launched (Lightning's launchers through
+``compat``), the process groups (one per message direction, and a gloo group for Python objects),
+the collectives Lightning asks a strategy for, and a watchdog that ends a rank whose launcher died."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch.strategies.parallel import ParallelStrategy
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero_only
+
+from ..options import PipelineOptions
+from ..watchdog import exit_when_parent_dies
+from . import compat
+
+
+class StageProcesses(ParallelStrategy):
+    """The process side of the pipeline strategy (``ClappingStrategy`` adds the model, data and steps)."""
+
+    options: PipelineOptions
+    _groups: dict[str, Any]
+    _num_nodes: int
+
+    @property
+    def root_device(self) -> torch.device:
+        assert self.parallel_devices is not None
+        return self.parallel_devices[self.local_rank]
+
+    @property
+    def num_nodes(self) -> int:
+        return self._num_nodes
+
+    @num_nodes.setter
+    def num_nodes(self, num_nodes: int) -> None:
+        self._num_nodes = num_nodes
+
+    @property
+    def num_processes(self) -> int:
+        return len(self.parallel_devices) if self.parallel_devices is not None else 0
+
+    @property
+    def num_stages(self) -> int:
+        return self.world_size
+
+    @property
+    def is_distributed(self) -> bool:
+        return False  # every stage sees the same batches: no DistributedSampler
+
+    @property
+    def distributed_sampler_kwargs(self) -> None:
+        return None
+
+    @property
+    def restore_checkpoint_after_setup(self) -> bool:
+        return True
+
+    @property
+    def object_group(self):
+        """The gloo group that carries Python objects (checkpoint state)."""
+        return self._groups.get("objects", dist.group.WORLD)
+
+    def _configure_launcher(self) -> None:
+        assert self.cluster_environment is not None
+        if self.options.start_method == "popen":
+            launcher = compat.script_launcher(self.cluster_environment, self.num_processes, self.num_nodes)
+        else:
+            launcher = compat.FullModelLauncher(self, start_method=self.options.start_method)
+        compat.set_launcher(self, launcher)
+
+    def set_world_ranks(self) -> None:
+        if self.cluster_environment is not None:
+            self.cluster_environment.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
+            self.cluster_environment.set_world_size(self.num_nodes * self.num_processes)
+        rank_zero_only.rank = utils_rank_zero_only.rank = self.global_rank
+
+    def _backend(self) -> str:
+        if self.options.process_group_backend:
+            return self.options.process_group_backend
+        return "nccl" if self.root_device.type == "cuda" else "gloo"
+
+    def setup_environment(self) -> None:
+        stages = self.options.stages
+        if stages is not None and stages != self.num_nodes * self.num_processes:
+            raise ValueError(
+                f"strategy stages={stages}, but the run has {self.num_nodes * self.num_processes} processes "
+                f"(devices={self.num_processes} x num_nodes={self.num_nodes}); the pipeline needs one process per "
+                f"stage, so set trainer.devices to {stages} (or leave stages unset)"
+            )
+        super().setup_environment()
+        self.set_world_ranks()
+        if self.options.start_method in ("spawn", "fork"):
+            exit_when_parent_dies(f"rank {self.global_rank}", "the main process that started the ranks")
+        elif self.local_rank > 0:  # popen: rank 0 of this node started this rank (torchrun: its agent)
+            exit_when_parent_dies(f"rank {self.global_rank}", "rank 0 of this node, which launched it")
+        backend = self._backend()
+        timeout = timedelta(seconds=self.options.timeout_s)
+        kwargs: dict[str, Any] = {"timeout": timeout}
+        if backend == "nccl":
+            devices = [str(d) for d in self.parallel_devices or []]
+            if len(set(devices)) < len(devices):
+                raise ValueError(
+                    f"process_group_backend='nccl' needs one GPU per stage, but stages share devices {devices}; "
+                    f"use process_group_backend='gloo' (payloads staged through host memory) to put several "
+                    f"stages on one GPU"
+                )
+            kwargs["device_id"] = self.root_device
+        if not dist.is_initialized():
+            compat.init_process_group(self.cluster_environment, backend, **kwargs)
+        # one group per direction (ordering on NCCL), and a gloo group for Python objects
+        self._groups = {
+            "fwd": dist.new_group(backend=backend, timeout=timeout),
+            "bwd": dist.new_group(backend=backend, timeout=timeout),
+            "objects": dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD,
+        }
+
+    # ------------------------------------------------------------------ collectives
+    def barrier(self, name: Optional[str] = None) -> None:
+        if dist.is_initialized():
+            dist.barrier(group=self.object_group)
+
+    def broadcast(self, obj, src: int = 0):
+        if not dist.is_initialized():
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src, group=self.object_group)
+        return box[0]
+
+    def reduce(self, tensor, group: Optional[Any] = None, reduce_op="mean"):
+        if not isinstance(tensor, torch.Tensor) or not dist.is_initialized():
+            return tensor
+        out = tensor.clone()
+        dist.all_reduce(out, group=group)
+        return out / self.world_size if reduce_op in ("mean", "avg") else out

@@ -1,0 +1,360 @@
+"""``ClappingStrategy``: pipeline-parallel training in Lightning, with compressed messages between
+stages (Clapping spec sections 1 to 6).
+
+One process per stage. ``setup`` cuts the LightningModule's model into stage parts (its stage
+adapter, ``repro.pipeline.stage_parts``) and frees the other stages' parts. A training step runs
+the whole micro-batch schedule (GPipe or 1F1B) inside ``training_step``: Lightning's automatic
+optimization zeroes the gradients after ``training_step`` and before ``backward``, so the
+gradients the schedule produced are set aside there and put back in ``backward``. Every rank then
+sees the same loss (sent from the last stage), the same logged statistics and the same decisions.
+Validation and test run through the pipeline with exact messages. Gradient-norm clipping uses the
+norm over all stages. The options are the fields of :class:`~repro.pipeline.options.PipelineOptions`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+import warnings
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch.trainer.states import RunningStage, TrainerFn
+from torch.utils.data import DataLoader
+
+from repro.data.sampler import LazyBatchSampler
+from repro.dataclass_docs import field_comments
+
+from ..codecs import ChannelCodec, MessageContext, build_codecs
+from ..model_split import LocalModel, clip_global_grad_norm, keep_local_parts, sum_tied_gradients
+from ..options import PipelineOptions, option_parameters
+from ..runner import NonFiniteError, StageRunner, split_batch
+from ..sample_buffers import SampleBuffers
+from ..schedule import stage_schedule
+from ..stage_parts import StageAdapter, StageSplit, layers_per_stage, stage_adapter_for
+from ..transport import StageLinks
+from . import checkpoint, compat
+from .processes import StageProcesses
+from .step_report import RunTotals, StepReport, pipe_scalars, publish, reduce_step
+
+LIGHTNING_ARGS = ("accelerator", "parallel_devices", "cluster_environment", "checkpoint_io", "precision_plugin")
+
+
+class ClappingStrategy(StageProcesses):
+    """Pipeline-parallel training with compressed activations and gradients (Clapping). Keyword
+    arguments: the fields of ``PipelineOptions`` (listed with their meaning in ``--help`` and in
+    ``paper_configs/models/smoke/pipeline.yaml``)."""
+
+    strategy_name = "clapping"
+
+    def __init__(self, accelerator=None, parallel_devices=None, cluster_environment=None, checkpoint_io=None,
+                 precision_plugin=None, **options: Any) -> None:
+        super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
+                         cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
+                         precision_plugin=precision_plugin)
+        self.options = PipelineOptions(**options)
+        self._num_nodes = 1
+        self.adapter: StageAdapter | None = None
+        self.split: StageSplit | None = None
+        self.local: LocalModel | None = None
+        self.runner: StageRunner | None = None
+        self.codecs: dict[tuple[str, str], ChannelCodec] = {}
+        self.sampler: LazyBatchSampler | None = None
+        self.steps_done = 0  # training steps (batches) run so far
+        self.totals = RunTotals()  # cumulative statistics (identical on every rank)
+        self.last_report: StepReport | None = None  # the latest training step's statistics
+        self._groups: dict[str, Any] = {}
+        self._tied_groups: dict[tuple[int, ...], Any] = {}
+        self._stashed_grads: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+        self.pending: dict[str, Any] = {}  # checkpoint state that waits for the codecs or the sampler
+        self._fit_start: float | None = None
+        self._previous_ids: torch.Tensor | None = None
+
+    # ------------------------------------------------------------------ model split
+    def setup(self, trainer) -> None:
+        assert self.accelerator is not None
+        self.accelerator.setup(trainer)
+        module = self.lightning_module
+        self.adapter = stage_adapter_for(module)
+        precision = getattr(self.precision_plugin, "precision", "32-true")
+        if str(precision) in ("16-mixed", "16"):
+            raise ValueError(
+                f"trainer.precision={precision!r} is not supported by strategy='clapping' (it needs a gradient "
+                f"scaler across stages); use '32-true', 'bf16-mixed' or 'bf16-true'"
+            )
+        parts = self.adapter.parts()
+        counts = layers_per_stage(len(parts.layers), self.num_stages, self.options.layers_per_stage)
+        self.split = StageSplit(self.global_rank, self.num_stages, counts, parts)
+        self.local = keep_local_parts(module, self.split)
+        self.precision_plugin.convert_module(module)
+        self.model_to_device()
+        self._setup_tied_parameters()
+        if trainer.state.fn == TrainerFn.FITTING:
+            self.setup_optimizers(trainer)
+            self._drop_foreign_from_optimizers()
+        self.setup_precision_plugin()
+        if trainer.state.fn == TrainerFn.FITTING:
+            compat.optimizers_to_device(self.optimizers, self.root_device)
+        compat.override_grad_norm_clipping(
+            self.precision_plugin,
+            lambda optimizer, max_norm: clip_global_grad_norm(
+                [p for g in optimizer.param_groups for p in g["params"]], self.local, self.root_device, max_norm),
+        )
+        links = StageLinks(
+            self.global_rank,
+            self._groups,
+            self.root_device,
+            self.options.timeout_s,
+            self.options.bandwidth_mbps,
+            stage_through_host=self._backend() == "gloo" and self.root_device.type != "cpu",
+        )
+        self.runner = StageRunner(self.split, links, self.codecs, self.adapter.input, self.adapter.loss)
+
+    def model_to_device(self) -> None:
+        assert self.model is not None
+        self.model.to(self.root_device)
+
+    def _setup_tied_parameters(self) -> None:
+        assert self.local is not None
+        for stages in self.local.tied_groups:  # every rank creates every group, in the same order
+            self._tied_groups[stages] = dist.new_group(ranks=list(stages), backend=self._backend())
+        for tied in self.local.tied:  # start from the lowest stage's values
+            dist.broadcast(tied.param.data, src=tied.stages[0], group=self._tied_groups[tied.stages])
+
+    def _drop_foreign_from_optimizers(self) -> None:
+        keep = {id(p) for p in self.lightning_module.parameters() if p.numel() > 0}
+        for optimizer in self.optimizers:
+            for group in getattr(optimizer, "optimizer", optimizer).param_groups:
+                group["params"] = [p for p in group["params"] if id(p) in keep]
+
+    # ------------------------------------------------------------------ data
+    def process_dataloader(self, dataloader: object) -> object:
+        """The training loader gets the lazy sampler (p = 1: the ordinary shuffled order)."""
+        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
+        if trainer is None or trainer.state.stage != RunningStage.TRAINING or not isinstance(dataloader, DataLoader):
+            return dataloader
+        batch_size = dataloader.batch_size or getattr(dataloader.batch_sampler, "batch_size", None)
+        if batch_size is None:
+            raise ValueError("strategy='clapping' needs a training DataLoader with a batch_size")
+        m = self.options.micro_batches
+        if batch_size % m:
+            raise ValueError(
+                f"strategy micro_batches={m}: the training batch size {batch_size} does not divide into {m} equal "
+                f"micro-batches; choose a batch size divisible by micro_batches"
+            )
+        seed = self.options.sampler_seed
+        if seed is None:
+            seed = getattr(trainer.datamodule, "shuffle_seed", 0) if trainer.datamodule is not None else 0
+        self.sampler = LazyBatchSampler(len(dataloader.dataset), batch_size, self.options.p, int(seed), self.steps_done)
+        if "sampler" in self.pending:
+            self.sampler.load_state_dict(self.pending.pop("sampler"))
+            self.sampler.set_step(self.steps_done)
+        self._build_codecs(len(dataloader.dataset))
+        workers = dataloader.num_workers
+        return DataLoader(
+            dataloader.dataset,
+            batch_sampler=self.sampler,
+            num_workers=workers,
+            collate_fn=dataloader.collate_fn,
+            pin_memory=dataloader.pin_memory,
+            worker_init_fn=dataloader.worker_init_fn,
+            persistent_workers=dataloader.persistent_workers if workers > 0 else False,
+        )
+
+    def _build_codecs(self, dataset_size: int) -> None:
+        if self.codecs:
+            return
+        opts = self.options
+        n_samples = opts.aqsgd_num_samples or dataset_size
+
+        def rows(boundary: int, role: str) -> SampleBuffers:
+            return SampleBuffers(n_samples, opts.aqsgd_storage, opts.aqsgd_dir, f"aqsgd-b{boundary}-{role}")
+
+        self.codecs.update(build_codecs(opts.method, opts.compressors, self.global_rank, self.num_stages,
+                                        opts.compression_seed, rows))
+        for key, state in self.pending.pop("codecs", {}).items():
+            self.codecs[tuple(key.split(":"))].load_state_dict(state, self.root_device)
+
+    # ------------------------------------------------------------------ steps
+    def training_step(self, *args: Any, **kwargs: Any):
+        batch = args[0] if args else kwargs["batch"]
+        trainer = self.lightning_module.trainer
+        opts = self.options
+        if self._fit_start is None:
+            self._fit_start = time.perf_counter()
+        step = self.steps_done
+        fresh = self.sampler.is_fresh(step) if self.sampler is not None else True
+        ids = batch.get(opts.sample_id_key) if isinstance(batch, dict) else None
+        self._check_reuse(ids, fresh, step)
+        if opts.method == "aqsgd" and ids is None:
+            raise ValueError(
+                f"strategy method='aqsgd' keys its buffers by sample id, but the batch has no {opts.sample_id_key!r} "
+                f"entry (set sample_id_key)"
+            )
+        micro = split_batch(batch, opts.micro_batches, equal=True)
+        warmup = trainer.current_epoch < opts.warmup_epochs
+        contexts = [
+            MessageContext(step, fresh, warmup, mb.get(opts.sample_id_key) if isinstance(mb, dict) else None)
+            for mb in micro
+        ]
+        schedule = stage_schedule(opts.schedule, self.global_rank, self.num_stages, len(micro))
+        scale = 1.0 / (len(micro) * trainer.accumulate_grad_batches)
+        params = [p for p in self.lightning_module.parameters() if p.requires_grad]
+        earlier = [(p, p.grad) for p in params]
+        for p in params:
+            p.grad = None
+        snapshots = {key: codec.snapshot(ids) for key, codec in self.codecs.items()} if opts.nonfinite == "skip" else None
+        with self.precision_plugin.train_step_context():
+            loss_sum, stats = self.runner.train_step(micro, contexts, schedule, scale)
+        sum_tied_gradients(self.local, self._tied_groups)
+        self._stashed_grads = [(p, p.grad) for p in params if p.grad is not None]
+        for p, g in earlier:
+            p.grad = g
+        report = reduce_step(loss_sum, len(micro), stats, self.global_rank, self.num_stages,
+                             float(sum(c.buffer_nbytes for c in self.codecs.values())),
+                             self.runner.links.counters.emulated_seconds, float(self.local.owned_bytes),
+                             self.root_device)
+        self.totals.add(report)
+        faults = report.nonfinite_faults()
+        if faults:
+            where = "; ".join(faults)
+            if opts.nonfinite == "raise":
+                raise NonFiniteError(
+                    f"strategy='clapping': non-finite values (NaN or inf) at training step {step}: {where}. "
+                    f"Training stopped before the optimizer step (set nonfinite='skip' to skip such steps)"
+                )
+            self._stashed_grads = []  # skip: no update from this step, and the codecs as they were before it
+            for key, codec in self.codecs.items():
+                codec.restore(snapshots[key])
+            self.totals.skipped_steps += 1
+            if self.global_rank == 0:
+                warnings.warn(f"strategy='clapping': skipped training step {step} (non-finite values: {where})",
+                              stacklevel=2)
+        self.steps_done += 1
+        self.last_report = report
+        loss = torch.tensor(report.loss, dtype=torch.float32, device=self.root_device)
+        self._log_step(loss, report)
+        return loss
+
+    def backward(self, closure_loss: torch.Tensor, optimizer, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """The schedule already ran backward; put its gradients back after Lightning's zero_grad."""
+        module = self.lightning_module
+        closure_loss = self.precision_plugin.pre_backward(closure_loss, module)
+        for p, g in self._stashed_grads:
+            p.grad = g if p.grad is None else p.grad + g
+        self._stashed_grads = []
+        return self.precision_plugin.post_backward(closure_loss, module)
+
+    def _check_reuse(self, ids: torch.Tensor | None, fresh: bool, step: int) -> None:
+        if ids is None:
+            return
+        if not fresh and self._previous_ids is not None and not torch.equal(ids.cpu(), self._previous_ids):
+            raise RuntimeError(
+                f"lazy sampling: step {step} should repeat the previous batch but got other sample ids; the training "
+                f"DataLoader was replaced after the strategy set its sampler"
+            )
+        self._previous_ids = ids.detach().cpu().clone()
+
+    def _evaluate(self, split_name: str, batch: Any) -> torch.Tensor:
+        micro = split_batch(batch, self.options.micro_batches, equal=False)
+        with self.precision_plugin.val_step_context():
+            total, count = self.runner.eval_step(micro)
+        vec = torch.zeros(2, dtype=torch.float64, device=self.root_device)
+        if total is not None:
+            vec[0], vec[1] = total, count
+        dist.all_reduce(vec)
+        loss = (vec[0] / vec[1]).float()
+        weight = self.adapter.weight(batch)
+        record = getattr(self.lightning_module, "record_eval_loss", None)
+        if callable(record):
+            record(split_name, loss, weight)
+        else:
+            self.lightning_module.log(f"{split_name}/loss", loss, on_step=False, on_epoch=True, batch_size=weight)
+        return loss
+
+    def validation_step(self, *args: Any, **kwargs: Any):
+        return self._evaluate("val", args[0] if args else kwargs["batch"])
+
+    def test_step(self, *args: Any, **kwargs: Any):
+        return self._evaluate("test", args[0] if args else kwargs["batch"])
+
+    def predict_step(self, *args: Any, **kwargs: Any):
+        raise NotImplementedError(
+            "strategy='clapping' does not predict; load its checkpoint (the full model) into a single-process "
+            "Trainer for predictions"
+        )
+
+    # ------------------------------------------------------------------ logging
+    def _log_step(self, loss: torch.Tensor, report: StepReport) -> None:
+        self.lightning_module.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        fresh = self.sampler.fresh_before(self.steps_done) if self.sampler is not None else self.steps_done
+        values = pipe_scalars(report, self.totals, fresh, self.steps_done, time.perf_counter() - self._fit_start)
+        publish(self.lightning_module.trainer, values, self.global_rank)
+
+    def run_summary(self) -> dict[str, Any]:
+        """What the run sent and kept, for result files (the same on every rank)."""
+        report = self.last_report
+        return {
+            "stages": self.num_stages,
+            "bytes_total": self.totals.total_bytes,
+            "raw_bytes_total": self.totals.total_raw_bytes,
+            "bytes_sent_per_rank": self.totals.sent_per_rank(self.num_stages),
+            "buffer_bytes_per_rank": list(report.buffer_bytes) if report else [0.0] * self.num_stages,
+            "fresh_batches": self.sampler.fresh_before(self.steps_done) if self.sampler else self.steps_done,
+            "skipped_steps": self.totals.skipped_steps,
+            "train_wall_s": time.perf_counter() - self._fit_start if self._fit_start else 0.0,
+        }
+
+    # ------------------------------------------------------------------ checkpoints (checkpoint.py)
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        return checkpoint.full_state_dict(self)
+
+    def optimizer_state(self, optimizer) -> dict[str, Any]:
+        return checkpoint.stage_optimizer_states(self, optimizer)
+
+    def save_checkpoint(self, ckpt: dict[str, Any], filepath, storage_options: Optional[Any] = None) -> None:
+        state = checkpoint.pipeline_state(self, self.options.aqsgd_checkpoint_buffers)
+        if self.is_global_zero:
+            ckpt["clapping"] = state
+            self.checkpoint_io.save_checkpoint(ckpt, filepath, storage_options=storage_options)
+        self.barrier("save_checkpoint")
+
+    def load_checkpoint(self, checkpoint_path, weights_only: Optional[bool] = None) -> dict[str, Any]:
+        ckpt = self.checkpoint_io.load_checkpoint(checkpoint_path, weights_only=False)
+        checkpoint.restore_pipeline_state(self, ckpt, checkpoint_path)
+        return ckpt
+
+    def load_model_state_dict(self, ckpt, strict: bool = True) -> None:
+        checkpoint.load_stage_weights(self, ckpt, strict)
+
+    def load_optimizer_state_dict(self, ckpt) -> None:
+        checkpoint.load_stage_optimizer_states(self, ckpt)
+
+    # ------------------------------------------------------------------ inspection (tests, tools)
+    def buffer_digests(self) -> dict[str, str]:
+        """{'b<boundary>_<direction>_<role>': sha256 of the buffers} of this rank's channel ends."""
+        return {f"b{c.boundary}_{d}_{r}": c.digest() for (d, r), c in self.codecs.items()}
+
+    def teardown(self) -> None:
+        for codec in self.codecs.values():
+            if codec.sample_buffers is not None:
+                codec.sample_buffers.close()
+        super().teardown()
+
+    @classmethod
+    def register_strategies(cls, strategy_registry) -> None:
+        for name, start in (("clapping", "popen"), ("clapping_spawn", "spawn"), ("clapping_fork", "fork")):
+            if name not in strategy_registry:
+                strategy_registry.register(
+                    name, cls, description=f"Clapping pipeline-parallel strategy (start_method '{start}')", start_method=start
+                )
+
+
+ClappingStrategy.__init__.__signature__ = inspect.Signature(
+    [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD), *option_parameters()]
+    + [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None) for name in LIGHTNING_ARGS]
+)  # the options one by one, as LightningCLI and --help see them
+ClappingStrategy.__init__.__doc__ = "Args:\n" + "\n".join(
+    f"    {name}: {comment}" for name, comment in field_comments(PipelineOptions).items() if name not in ("fwd", "bwd")
+)

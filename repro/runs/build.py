@@ -1,0 +1,188 @@
+"""Train one run: the model config goes through ``ReproCLI`` exactly as under ``repro fit``; the
+engine then sets only what the experiment owns (seed, steps, evaluation interval, the overrides
+of the spec) and what the engine itself decides (where logs and results go, the device, the
+pipeline strategy). The result is written atomically when the run ends.
+
+``make_trainer`` is the same engine-side Trainer set-up for code that trains without a config
+file (the bench's timed runs on synthetic data).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from repro.files import read_json, write_json_atomic
+from repro.lit.cli import ReproCLI
+from repro.pipeline.lightning import ClappingStrategy
+
+from .placement import Slot
+from .provenance import provenance
+from .spec import RunSpec
+from .store import RunResult, checkpoint_path, result_path, save_result, tensorboard_dir
+
+# Lightning's lines that say nothing about a run of the suite (device banners, tips, the
+# distributed preamble, and warnings about settings the engine chose on purpose).
+QUIET_LOGGERS = ("lightning.pytorch", "lightning.fabric", "lightning.pytorch.utilities.rank_zero")
+HARMLESS_WARNINGS = (
+    r".*smaller than the logging interval.*",
+    r".*does not have many workers.*",
+    r".*isinstance\(treespec, LeafSpec\)` is deprecated.*",
+    r".*is not resumable.*",
+    r".*Checkpoint directory .* exists and is not empty.*",
+    r".*LightningCLI.s args parameter is intended to run from within Python.*",
+)
+
+
+def quiet_lightning() -> None:
+    """Silence Lightning's banners, tips and known-harmless warnings in this process."""
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    for pattern in HARMLESS_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
+
+
+class RunRecorder(L.Callback):
+    """Records the validation curve; when training ends, rank 0 writes what it saw (the parent
+    process adds the wall time and provenance), and every rank takes part in the checkpoint."""
+
+    def __init__(self, spec: RunSpec) -> None:
+        self.spec = spec
+        self.curve: list[tuple[int, float]] = []
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking:
+            return
+        value = trainer.callback_metrics.get("val/loss")
+        if value is not None:
+            self.curve.append((int(trainer.global_step), float(value)))
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self.spec.save_checkpoint:
+            trainer.save_checkpoint(checkpoint_path(self.spec))  # a collective on pipeline runs
+        summary = getattr(trainer.strategy, "run_summary", None)
+        record = {
+            "val_curve": self.curve,
+            "metrics": {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1},
+            "global_step": int(trainer.global_step),
+            "pipeline": summary() if callable(summary) else None,
+            "batch_tokens": int(trainer.datamodule.batch_size * trainer.datamodule.block_size)
+            if trainer.datamodule is not None else 0,
+        }
+        if trainer.global_rank == 0:
+            write_json_atomic(_partial_path(self.spec), record)
+
+
+def _partial_path(spec: RunSpec) -> Path:
+    """Where rank 0 leaves what it saw, for the main process to finish the result."""
+    return Path(spec.folder) / ".partial" / f"{spec.name}.json"
+
+
+class _EngineCLI(ReproCLI):
+    """ReproCLI that builds the engine's Trainer: the config's own trainer settings, with the
+    engine's logger, callbacks, devices and strategy on top."""
+
+    def __init__(self, args: list[str], trainer_kwargs: dict[str, Any]) -> None:
+        self._engine_trainer_kwargs = trainer_kwargs
+        super().__init__(args=args, run=False, save_config_callback=None, parser_kwargs={"exit_on_error": False})
+
+    def instantiate_trainer(self, **kwargs: Any):
+        return super().instantiate_trainer(**{**kwargs, **self._engine_trainer_kwargs})
+
+
+def cli_args(spec: RunSpec, cache_dir: str | None = None) -> list[str]:
+    """The command line of ``repro fit`` that trains this run (apart from logs and devices)."""
+    args = ["--config", spec.config, f"--seed_everything={spec.seed}", f"--data.shuffle_seed={spec.seed}",
+            f"--trainer.max_steps={spec.steps}", f"--trainer.val_check_interval={spec.eval_every}",
+            "--trainer.check_val_every_n_epoch=null"]
+    args += [f"--{key}={json.dumps(value)}" for key, value in spec.override_dict().items()]
+    if cache_dir:
+        args.append(f"--data.cache_dir={cache_dir}")
+    return args
+
+
+def _trainer_kwargs(spec: RunSpec, slot: Slot, recorder: RunRecorder, backend: str | None) -> dict[str, Any]:
+    kwargs: dict[str, Any] = dict(
+        logger=TensorBoardLogger(save_dir=str(Path(spec.folder) / "tb"), name=spec.name, version=0,
+                                 default_hp_metric=False),
+        callbacks=[recorder],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        log_every_n_steps=max(1, min(10, spec.eval_every)),
+        accelerator=slot.accelerator,
+    )
+    if spec.stages > 1:
+        options = {"start_method": "fork", "process_group_backend": backend, **spec.pipeline_dict()}
+        kwargs["strategy"] = ClappingStrategy(**options)
+        kwargs["devices"] = list(slot.devices) if slot.accelerator == "gpu" else spec.stages
+    else:
+        kwargs["strategy"] = "auto"
+        kwargs["devices"] = list(slot.devices) if slot.accelerator == "gpu" else 1
+    return kwargs
+
+
+def train_run(spec: RunSpec, slot: Slot, cache_dir: str | None = None, backend: str | None = None,
+              fingerprint: str | None = None) -> RunResult:
+    """Train ``spec`` on ``slot`` and write its result (the caller checked it is not finished)."""
+    start = time.perf_counter()
+    torch.set_num_threads(slot.threads)
+    folder = Path(spec.folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in (_partial_path(spec), result_path(spec)):
+        stale.unlink(missing_ok=True)
+    tb = tensorboard_dir(spec)
+    if tb.exists():  # left by an interrupted attempt
+        shutil.rmtree(tb)
+    recorder = RunRecorder(spec)
+    cli = _EngineCLI(cli_args(spec, cache_dir), _trainer_kwargs(spec, slot, recorder, backend))
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    partial = read_json(_partial_path(spec), "run record")
+    result = RunResult(
+        name=spec.name,
+        fingerprint=fingerprint or spec.fingerprint(),
+        seed=spec.seed,
+        steps=spec.steps,
+        global_step=partial["global_step"],
+        val_curve=tuple((int(s), float(v)) for s, v in partial["val_curve"]),
+        metrics=partial["metrics"],
+        overrides=spec.override_dict(),
+        config=spec.config,
+        wall_s=time.perf_counter() - start,
+        tokens_trained=partial["global_step"] * partial["batch_tokens"],
+        threads=slot.threads,
+        device=slot.device,
+        provenance=provenance(slot.threads),
+        pipeline=partial["pipeline"],
+        checkpoint=str(checkpoint_path(spec)) if spec.save_checkpoint else None,
+    )
+    save_result(spec, result)
+    _partial_path(spec).unlink(missing_ok=True)
+    return result
+
+
+def make_trainer(*, steps: int, devices: int = 1, accelerator: str = "cpu", strategy: Any = "auto",
+                 callbacks: list | None = None, eval_every: int | None = None, **kwargs: Any) -> L.Trainer:
+    """A Trainer set up as the engine sets up its runs (no logger, checkpoints, progress bar or
+    summary; validation only with ``eval_every``), for timed runs without a config file."""
+    options: dict[str, Any] = dict(
+        accelerator=accelerator, devices=devices, strategy=strategy, max_steps=steps, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        callbacks=list(callbacks or []),
+    )
+    if eval_every is None:
+        options["limit_val_batches"] = 0
+    else:
+        options.update(val_check_interval=eval_every, check_val_every_n_epoch=None)
+    options.update(kwargs)
+    return L.Trainer(**options)

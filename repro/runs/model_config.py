@@ -1,0 +1,119 @@
+"""A model config file (the YAML ``repro fit --config`` reads), read outside LightningCLI.
+
+The experiments need a few facts from it before training (the architecture for budgets and
+accounting, the data section for the datamodule) and write allocated variants of it back as
+YAML that ``repro fit`` trains. Training itself always goes through ``ReproCLI`` (``repro.runs``),
+so a file means the same thing under ``repro fit`` and under an experiment.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from repro.data import TextDataModule
+from repro.files import read_yaml, write_text_atomic
+from repro.models import GPTConfig
+
+LINKED_GPT_FIELDS = ("vocab_size", "block_size")
+# What an experiment decides for every run (its settings own these numbers): a model file that an
+# experiment trains must not set them.
+SCHEDULE_KEYS = ("seed_everything", "trainer.max_steps", "trainer.max_epochs", "trainer.val_check_interval",
+                 "trainer.check_val_every_n_epoch", "data.shuffle_seed")
+
+
+def width_field(attention: str) -> str:
+    """The config list that holds the per-layer RoPE widths of an attention kind."""
+    return "rope_dims" if attention == "mha" else "qk_rope_head_dim"
+
+
+@dataclass
+class ModelConfig:
+    path: str  # the YAML file it came from (absolute)
+    gpt: dict[str, Any]  # model.gpt fields as written (vocab_size/block_size are linked, not written)
+    optim: dict[str, Any] = field(default_factory=dict)  # model.optim fields
+    data: dict[str, Any] = field(default_factory=dict)  # data init args
+    trainer: dict[str, Any] = field(default_factory=dict)  # trainer section as written
+    raw: dict[str, Any] = field(default_factory=dict)  # the whole YAML document
+
+    @property
+    def block_size(self) -> int:
+        return int(self.data.get("block_size", 128))
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.data.get("batch_size", 16))
+
+    def gpt_config(self, vocab_size: int, **overrides: Any) -> GPTConfig:
+        fields = {k: v for k, v in self.gpt.items() if k not in LINKED_GPT_FIELDS}
+        fields.update(overrides)
+        return GPTConfig(vocab_size=vocab_size, block_size=self.block_size, **fields)
+
+    def shape_config(self) -> GPTConfig:
+        """The architecture with a placeholder vocabulary (for budgets, accounting, allocation)."""
+        return self.gpt_config(vocab_size=1)
+
+    @property
+    def width_field(self) -> str:
+        return width_field(self.shape_config().attention)
+
+    def datamodule(self, **overrides: Any) -> TextDataModule:
+        return TextDataModule(**{**self.data, **overrides})
+
+    def value(self, dotted: str) -> Any:
+        """The value a dotted key (``trainer.max_steps``) has in the file, or None."""
+        node: Any = self.raw
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return None
+            node = node[part]
+        return node
+
+    def check_trainable_by_experiment(self, what: str) -> None:
+        """An experiment owns the schedule of its runs: the file must not set it too."""
+        found = [f"{k}={self.value(k)!r}" for k in SCHEDULE_KEYS if self.value(k) is not None]
+        if found:
+            raise ValueError(f"{what} {self.path!r} sets {', '.join(found)}, which the experiment's settings own "
+                             f"(steps, evaluation interval, seeds); remove them from the model file")
+
+    def with_widths(self, widths: list[int], logger_name: str | None = None) -> dict[str, Any]:
+        """The YAML document with the per-layer RoPE list replaced (and the run's logger name)."""
+        widths = [int(w) for w in widths]
+        self.gpt_config(vocab_size=1, **{self.width_field: widths})  # validates the widths against the model
+        doc = copy.deepcopy(self.raw)
+        doc["model"]["gpt"][self.width_field] = widths
+        logger = doc.get("trainer", {}).get("logger")
+        if logger_name and isinstance(logger, dict) and isinstance(logger.get("init_args"), dict):
+            logger["init_args"]["name"] = logger_name
+        return doc
+
+
+def load_model_config(path: str | Path) -> ModelConfig:
+    path = Path(path).resolve()
+    doc = read_yaml(path, "config file")
+    if not isinstance(doc, dict) or not isinstance(doc.get("model"), dict) or not isinstance(doc["model"].get("gpt"), dict):
+        raise ValueError(f"config file {str(path)!r} has no model.gpt section; is it a repro fit config?")
+    cfg = ModelConfig(
+        path=str(path),
+        gpt=dict(doc["model"]["gpt"]),
+        optim=dict(doc["model"].get("optim") or {}),
+        data=dict(doc.get("data") or {}),
+        trainer=dict(doc.get("trainer") or {}),
+        raw=doc,
+    )
+    try:
+        cfg.shape_config()
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"config file {str(path)!r}: invalid model.gpt: {exc}") from None
+    return cfg
+
+
+def write_model_config(doc: dict[str, Any], path: str | Path, header: str = "") -> None:
+    text = yaml.safe_dump(doc, sort_keys=False, default_flow_style=None)
+    if header:
+        text = "".join(f"# {line}\n" for line in header.splitlines()) + text
+    write_text_atomic(path, text)

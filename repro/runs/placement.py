@@ -1,0 +1,67 @@
+"""Where runs go: the one place that decides which device a run gets and how many torch threads
+each of its processes uses. Pure functions of the machine's counts, so they are tested with
+simulated machines.
+
+- CPU: ``workers`` single-process runs side by side, each with ``cores // workers`` threads; a
+  pipeline run of K stages takes the machine (K processes of ``cores // K`` threads).
+- GPU: one slot per visible GPU and ``runs_per_gpu`` runs on each; a pipeline run of K stages
+  takes K GPUs (one stage each, NCCL), or shares the GPUs over gloo when there are fewer.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+ACCELERATORS = ("cpu", "gpu")
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Room for one run: its accelerator, devices, and torch threads per process."""
+
+    accelerator: str  # 'cpu' or 'gpu'
+    devices: tuple[int, ...]  # GPU indices (empty on CPU)
+    threads: int  # torch threads of each of the run's processes
+
+    @property
+    def device(self) -> str:
+        return "cpu" if self.accelerator == "cpu" else f"cuda:{self.devices[0]}"
+
+
+def check_accelerator(accelerator: str, gpus: int | None = None) -> None:
+    """Fail before any run when the settings ask for a GPU that this machine does not have."""
+    if accelerator not in ACCELERATORS + ("cuda",):
+        raise ValueError(f"accelerator={accelerator!r}: allowed 'cpu' or 'gpu'")
+    gpus = torch.cuda.device_count() if gpus is None else gpus
+    if accelerator in ("gpu", "cuda") and gpus == 0:
+        raise ValueError(f"accelerator={accelerator!r} but no CUDA GPU is visible here; run this scale on a GPU "
+                         "machine, or give the settings accelerator: cpu (or --accelerator cpu) to run it on the CPU")
+
+
+def single_run_slots(accelerator: str, workers: int, runs_per_gpu: int = 1, cores: int | None = None,
+                     gpus: int | None = None) -> list[Slot]:
+    """The slots that single-process runs share: ``workers`` CPU slots, or ``runs_per_gpu`` per GPU."""
+    for name, value in (("workers", workers), ("runs_per_gpu", runs_per_gpu)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name}={value!r}: must be a positive integer")
+    cores = cores or os.cpu_count() or 1
+    if accelerator == "cpu":
+        return [Slot("cpu", (), max(1, cores // workers)) for _ in range(workers)]
+    gpus = torch.cuda.device_count() if gpus is None else gpus
+    n = gpus * runs_per_gpu
+    return [Slot("gpu", (i % gpus,), max(1, cores // n)) for i in range(n)]
+
+
+def pipeline_slot(accelerator: str, stages: int, cores: int | None = None, gpus: int | None = None) -> tuple[Slot, str]:
+    """The slot of a pipeline run of ``stages`` processes, and its process-group backend."""
+    cores = cores or os.cpu_count() or 1
+    threads = max(1, cores // stages)
+    if accelerator == "cpu":
+        return Slot("cpu", (), threads), "gloo"
+    gpus = torch.cuda.device_count() if gpus is None else gpus
+    if gpus >= stages:
+        return Slot("gpu", tuple(range(stages)), threads), "nccl"
+    return Slot("gpu", tuple(i % gpus for i in range(stages)), threads), "gloo"

@@ -1,0 +1,152 @@
+"""Train many runs: finished ones are reused, the others are trained on the slots of the machine
+(``placement``), one progress line each.
+
+Single-process runs go to worker processes (spawned, so each has a clean torch; one per slot)
+when there is more than one slot; pipeline runs are trained one after another by the main
+process, each taking the machine for its K stage processes. Every run writes its own result file
+when it ends, so an interrupted experiment resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+
+from .build import quiet_lightning, train_run
+from .interrupts import stop_if_interrupted
+from .placement import Slot, check_accelerator, pipeline_slot, single_run_slots
+from .spec import RunSpec
+from .store import RunResult, load_finished
+
+
+class Progress:
+    """One line per run on stderr: ``[label] run i/N name status loss; elapsed, eta``.
+
+    The estimate is by optimizer steps (runs of different lengths, such as profile runs and full
+    runs, share one progress). ``extend`` adds runs that become known later (a later stage)."""
+
+    def __init__(self, label: str, total_runs: int = 0, total_steps: int = 0, parallel: int = 1,
+                 quiet: bool = False) -> None:
+        self.label, self.total, self.total_steps, self.parallel, self.quiet = label, total_runs, total_steps, parallel, quiet
+        self.done = self.done_steps = self.trained = self.trained_steps = 0
+        self.trained_s = 0.0
+        self.start = time.perf_counter()
+
+    def extend(self, runs: int, steps: int) -> None:
+        self.total += runs
+        self.total_steps += steps
+
+    def note(self, message: str) -> None:
+        if not self.quiet:
+            print(f"[{self.label}] {message}", file=sys.stderr, flush=True)
+
+    def update(self, spec: RunSpec, result: RunResult) -> None:
+        self.done += 1
+        self.done_steps += spec.steps
+        if not result.reused:
+            self.trained += 1
+            self.trained_s += result.wall_s
+            self.trained_steps += spec.steps
+        if self.quiet:
+            return
+        status = "reused" if result.reused else f"trained in {result.wall_s:.1f} s"
+        loss = result.val_curve[-1][1] if result.val_curve else float("nan")
+        left = ""
+        if self.trained_steps:
+            seconds = self.trained_s / self.trained_steps * max(0, self.total_steps - self.done_steps) / self.parallel
+            left = f", about {_duration(seconds)} left"
+        elapsed = time.perf_counter() - self.start
+        print(f"[{self.label}] run {self.done}/{max(self.total, self.done)} {spec.display}: {status}, "
+              f"val loss {loss:.4f}; elapsed {_duration(elapsed)}{left}", file=sys.stderr, flush=True)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+_WORKER: dict = {}
+
+
+def _worker_init(cache_dir: str | None) -> None:
+    quiet_lightning()
+    _WORKER["cache_dir"] = cache_dir
+
+
+def _worker_train(spec: RunSpec, slot: Slot, fingerprint: str) -> RunResult:
+    return train_run(spec, slot, _WORKER["cache_dir"], fingerprint=fingerprint)
+
+
+def train_all(
+    specs: Sequence[RunSpec],
+    accelerator: str = "cpu",
+    workers: int = 1,
+    cache_dir: str | None = None,
+    progress: Progress | None = None,
+    runs_per_gpu: int = 1,
+    on_result: Callable[[RunSpec, RunResult], None] | None = None,
+) -> dict[str, RunResult]:
+    """Train (or reuse) every run; returns ``spec.key -> result``."""
+    keys = [s.key for s in specs]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"run names are not unique: {sorted({k for k in keys if keys.count(k) > 1})}")
+    check_accelerator(accelerator)
+    slots = single_run_slots(accelerator, workers, runs_per_gpu)
+    progress = progress or Progress("runs", len(specs), sum(s.steps for s in specs), len(slots))
+    results: dict[str, RunResult] = {}
+    pending: list[tuple[RunSpec, str]] = []
+
+    def finish(spec: RunSpec, result: RunResult) -> None:
+        results[spec.key] = result
+        progress.update(spec, result)
+        if on_result is not None:
+            on_result(spec, result)
+
+    for spec in specs:  # finished runs are reused here, without starting a worker for them
+        fingerprint = spec.fingerprint()
+        finished = load_finished(spec, fingerprint)
+        if finished is not None:
+            finish(spec, finished)
+        else:
+            pending.append((spec, fingerprint))
+    pipelines = [(s, f) for s, f in pending if s.stages > 1]
+    singles = [(s, f) for s, f in pending if s.stages == 1]
+    quiet_lightning()
+    if len(slots) > 1 and len(singles) > 1:
+        _train_in_workers(singles, slots, cache_dir, finish)
+    else:
+        for spec, fingerprint in singles:
+            stop_if_interrupted()
+            finish(spec, train_run(spec, slots[0], cache_dir, fingerprint=fingerprint))
+    for spec, fingerprint in pipelines:
+        stop_if_interrupted()  # a Ctrl-C lost during a fork still ends the experiment here
+        slot, backend = pipeline_slot(accelerator, spec.stages)
+        finish(spec, train_run(spec, slot, cache_dir, backend, fingerprint))
+    return {key: results[key] for key in keys}
+
+
+def _train_in_workers(jobs: list[tuple[RunSpec, str]], slots: list[Slot], cache_dir: str | None,
+                      finish: Callable[[RunSpec, RunResult], None]) -> None:
+    """Each slot runs one job at a time in its own spawned process."""
+    todo = list(jobs)
+    free = list(range(len(slots)))
+    running: dict[Future, tuple[RunSpec, int]] = {}
+    with ProcessPoolExecutor(max_workers=min(len(slots), len(jobs)), mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_worker_init, initargs=(cache_dir,)) as pool:
+        while todo or running:
+            while todo and free:
+                spec, fingerprint = todo.pop(0)
+                slot = free.pop(0)
+                running[pool.submit(_worker_train, spec, slots[slot], fingerprint)] = (spec, slot)
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                spec, slot = running.pop(future)
+                free.append(slot)
+                finish(spec, future.result())
+
+
+def default_workers() -> int:
+    return max(1, min(2, os.cpu_count() or 1))

@@ -1,0 +1,216 @@
+"""The seams of the package: imports point one way (no cycle, each layer imports only those below
+it), Lightning's private API is touched in one module only, and the documentation of the layout,
+the options and the config paths matches the tree."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import MODELS, REPO_ROOT
+from repro.dataclass_docs import field_comments
+
+PACKAGE = REPO_ROOT / "repro"
+README = (REPO_ROOT / "README.md").read_text()
+
+# The layers of DESIGN.md, lowest first: a module may import its own layer's package and lower layers.
+LAYERS = [
+    {"repro.files", "repro.dataclass_docs", "repro.paths", "repro.models"},
+    {"repro.data", "repro.pipeline"},
+    {"repro.lit", "repro.pipeline.lightning"},
+    {"repro.runs"},
+    {"repro.alloc"},
+    {"repro.experiments"},
+    {"repro.cli", "repro"},
+]
+# allowed between siblings of one layer (a plain-torch model split needs the plain GPT)
+SIBLINGS = {("repro.pipeline", "repro.models"), ("repro.pipeline.lightning", "repro.data"),
+            ("repro.lit", "repro.pipeline.lightning")}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO_ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> list[tuple[str, int]]:
+    """Every repro module a file imports (anywhere in it), with the line."""
+    tree = ast.parse(path.read_text())
+    here = module_name(path)
+    package = here if path.name == "__init__.py" else here.rsplit(".", 1)[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(alias.name, node.lineno) for alias in node.names if alias.name.startswith("repro")]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.startswith("repro"):
+                submodules = [target + "." + a.name for a in node.names
+                              if (PACKAGE.parent / (target + "." + a.name).replace(".", "/")).with_suffix(".py").is_file()]
+                # `from .pkg import module` loads the module (the package is already loading), not __init__ again
+                out += [(m, node.lineno) for m in submodules] or [(target, node.lineno)]
+    return out
+
+
+MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def graph() -> dict[str, set[str]]:
+    edges = {}
+    for name, path in MODULES.items():
+        edges[name] = {t for t, _ in imports_of(path) if t in MODULES and t != name}
+    return edges
+
+
+def layer_of(module: str) -> tuple[int, str]:
+    best = (-1, "")
+    for rank, layer in enumerate(LAYERS):
+        for prefix in layer:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > len(best[1]):
+                best = (rank, prefix)
+    return best
+
+
+def test_there_is_no_import_cycle_inside_repro():
+    edges = graph()
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_imports_point_down_the_layers():
+    wrong = []
+    for name, path in MODULES.items():
+        rank, prefix = layer_of(name)
+        for target, line in imports_of(path):
+            t_rank, t_prefix = layer_of(target)
+            if t_rank < rank or t_prefix == prefix or name == "repro":
+                continue
+            if (prefix, t_prefix) in SIBLINGS and t_rank == rank:
+                continue
+            wrong.append(f"{path.relative_to(REPO_ROOT)}:{line} ({prefix}) imports {target} ({t_prefix})")
+    assert not wrong, "imports that point up or sideways:\n" + "\n".join(wrong)
+
+
+def test_experiments_never_import_each_other():
+    wrong = []
+    for name, path in MODULES.items():
+        if not name.startswith("repro.experiments."):
+            continue
+        own = name.split(".")[2]
+        for target, line in imports_of(path):
+            if target.startswith("repro.experiments.") and target.split(".")[2] != own:
+                wrong.append(f"{path.relative_to(REPO_ROOT)}:{line} imports {target}")
+    assert not wrong, wrong
+
+
+def test_lightning_private_api_is_imported_only_by_the_compat_module():
+    compat = PACKAGE / "pipeline" / "lightning" / "compat.py"
+    wrong = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("lightning", "pytorch_lightning",
+                                                                                          "lightning_fabric"):
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                private += [part for part in node.module.split(".") if part.startswith("_")]
+                if private and path != compat:
+                    wrong.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno} imports {private} from {node.module}")
+    assert not wrong, "private Lightning imports outside compat.py:\n" + "\n".join(wrong)
+
+
+def test_the_private_lightning_symbols_the_compat_module_needs_exist():
+    from repro.pipeline.lightning import compat
+
+    assert compat.missing_symbols() == [], "Lightning moved these; update repro/pipeline/lightning/compat.py"
+
+
+def test_no_module_is_much_longer_than_300_lines():
+    long = {str(p.relative_to(REPO_ROOT)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, long
+
+
+# ------------------------------------------------------------------------------------------- documentation
+def readme_layout() -> str:
+    section = README.split("## Layout", 1)[1]
+    return section.split("```", 2)[1]
+
+
+def test_the_readme_layout_names_every_package_and_module():
+    layout = readme_layout()
+    missing = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+               if p.name != "__init__.py" and p.stem not in layout]
+    missing += [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("__init__.py")
+                if p.parent != PACKAGE and f"{p.parent.name}/" not in layout]
+    assert not missing, f"README layout does not mention {missing}"
+    named = set(re.findall(r"\b([a-z_0-9]+)\.py\b", layout))
+    existing = {p.stem for p in REPO_ROOT.rglob("*.py") if ".venv" not in p.parts}
+    assert named <= existing, f"README layout names files that do not exist: {sorted(named - existing)}"
+
+
+def test_every_config_path_in_the_readme_exists():
+    paths = set(re.findall(r"paper_configs/[A-Za-z0-9_/.<>{},|-]+\.yaml", README))
+    missing = [p for p in sorted(paths) if "<" not in p and "{" not in p and not (REPO_ROOT / p).is_file()]
+    assert not missing, f"README names config files that do not exist: {missing}"
+
+
+def test_every_strategy_option_is_in_the_pipeline_config_and_the_readme():
+    from repro.pipeline.options import PipelineOptions
+
+    options = [f.name for f in dataclasses.fields(PipelineOptions) if f.init]
+    listed = yaml.safe_load((MODELS / "smoke" / "pipeline.yaml").read_text())["trainer"]["strategy"]["init_args"]
+    assert set(listed) == set(options)
+    missing = [name for name in options if f"| `{name}`" not in README and f"`{name}`," not in README]
+    assert not missing, f"README options table lacks {missing}"
+    assert set(field_comments(PipelineOptions)) >= set(options)
+
+
+@pytest.mark.parametrize("module, cls", [
+    ("repro.experiments.table1.settings", "Table1Settings"),
+    ("repro.experiments.clapping.settings", "ClappingSettings"),
+    ("repro.experiments.bench.settings", "BenchSettings"),
+    ("repro.pipeline.options", "PipelineOptions"),
+    ("repro.lit.gpt_module", "OptimConfig"),
+    ("repro.models.config", "GPTConfig"),
+])
+def test_every_option_has_a_one_line_comment(module, cls):
+    import importlib
+
+    klass = getattr(importlib.import_module(module), cls)
+    names = [f.name for f in dataclasses.fields(klass) if f.init and f.name != "path"]
+    comments = field_comments(klass)
+    assert [n for n in names if not comments.get(n)] == []
