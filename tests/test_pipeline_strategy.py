@@ -17,6 +17,7 @@ from repro.lit import GPTLightningModule
 from repro.models import GPTConfig
 from repro.pipeline.lightning import ClappingStrategy
 from repro.pipeline.compressors import build_compressor
+from repro.pipeline.stage_parts import StageParts
 
 
 def make_dm(corpus: Path, cache: Path, batch_size: int = 8) -> TextDataModule:
@@ -280,3 +281,67 @@ def test_a_receive_whose_sender_never_sends_fails_after_the_timeout_naming_the_s
     seconds, message = out.read_text().split("\n", 1)
     assert 1.5 < float(seconds) < 10
     assert "stage 1: no activation 0 from stage 0 within 2 s" in message
+
+
+class TinyStages:
+    """The stage adapter of TinyModule: a plain torch MLP cut into input layer, hidden layers, output."""
+
+    def __init__(self, module: "TinyModule") -> None:
+        self.module = module
+
+    def parts(self) -> StageParts:
+        return StageParts(first=self.module.inp, layers=list(self.module.hidden), last=self.module.out)
+
+    def input(self, batch):
+        return batch["x"]
+
+    def loss(self, output, batch):
+        return torch.nn.functional.mse_loss(output, batch["y"])
+
+    def weight(self, batch) -> int:
+        return int(batch["x"].shape[0])
+
+
+class TinyModule(L.LightningModule):
+    """Not a GPT: a LightningModule that offers its own stage adapter (the documented protocol)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = torch.nn.Linear(4, 8)
+        self.hidden = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()) for _ in range(3))
+        self.out = torch.nn.Linear(8, 1)
+
+    def pipeline_stages(self) -> TinyStages:
+        return TinyStages(self)
+
+    def training_step(self, batch, batch_idx):
+        x = self.inp(batch["x"])
+        for layer in self.hidden:
+            x = layer(x)
+        return torch.nn.functional.mse_loss(self.out(x), batch["y"])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def tiny_data() -> list[dict]:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(32, 4, generator=g)
+    return [{"x": x[i], "y": x[i, :1] * 2 - x[i, 1:2]} for i in range(32)]
+
+
+def test_any_module_with_a_stage_adapter_trains_through_the_pipeline_as_in_one_process(tmp_path):
+    loader = lambda: DataLoader(tiny_data(), batch_size=8, shuffle=True, drop_last=True,
+                                generator=torch.Generator().manual_seed(0))
+    out = tmp_path / "records"
+    out.mkdir()
+    losses = {}
+    for name, strategy, devices in (("one", "auto", 1), ("pipe", pipeline(2), 2)):
+        trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_steps=5, logger=False,
+                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                            limit_val_batches=0, callbacks=[Recorder(out)])
+        trainer.fit(TinyModule(), train_dataloaders=loader())
+        losses[name] = torch.load(out / "rank0.pt")["losses"]
+    assert losses["pipe"] == pytest.approx(losses["one"], rel=1e-5)
+    assert losses["one"][-1] < losses["one"][0]

@@ -26,6 +26,7 @@ def remember_interrupts() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+        _received.clear()  # outside the block, nothing is remembered
 
 
 def stop_if_interrupted() -> None:
