@@ -13,7 +13,7 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 COLUMN_WIDTH_IN = 3.4  # one column of a two-column paper
 TEXT_WIDTH_IN = 7.0  # both columns
@@ -21,11 +21,21 @@ ARCH_TITLE = {"mha": "fixed width (MHA)", "mla": "MLA"}
 
 
 def style() -> None:
-    plt.rcParams.update({
-        "font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "legend.fontsize": 6.5,
-        "xtick.labelsize": 7, "ytick.labelsize": 7, "lines.linewidth": 1.2, "axes.grid": True,
-        "grid.alpha": 0.3, "savefig.dpi": 200, "figure.constrained_layout.use": True,
-    })
+    plt.rcParams.update(
+        {
+            "font.size": 8,
+            "axes.titlesize": 8,
+            "axes.labelsize": 8,
+            "legend.fontsize": 6.5,
+            "xtick.labelsize": 7,
+            "ytick.labelsize": 7,
+            "lines.linewidth": 1.2,
+            "axes.grid": True,
+            "grid.alpha": 0.3,
+            "savefig.dpi": 200,
+            "figure.constrained_layout.use": True,
+        }
+    )
 
 
 def _load_result(results: Path, relative: str, figure: str, command: str) -> dict[str, Any] | None:
@@ -46,8 +56,15 @@ def load_clapping(results: Path, figure: str) -> dict[str, Any] | None:
     return _load_result(results, "clapping/clapping_table.json", figure, "make reproduce-clapping")
 
 
-METHOD_COLORS = {"none": "black", "none_lazy": "tab:gray", "direct": "tab:red", "ef21": "tab:orange",
-                 "aqsgd": "tab:purple", "clapping_fc": "tab:blue", "clapping_fu": "tab:green"}
+METHOD_COLORS = {
+    "none": "black",
+    "none_lazy": "tab:gray",
+    "direct": "tab:red",
+    "ef21": "tab:orange",
+    "aqsgd": "tab:purple",
+    "clapping_fc": "tab:blue",
+    "clapping_fu": "tab:green",
+}
 
 
 def load_json(path: str | Path) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import TEXT_WIDTH_IN, load_table1, plt, save, style  # noqa: E402
+from _common import TEXT_WIDTH_IN, load_table1, plt, save, style
 
 
 def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> list[Path]:
@@ -28,13 +28,23 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
         py = [p["realized_gain"] for p in pts]
         ax.scatter(px, py, s=16, color="tab:blue", edgecolors="black", linewidths=0.3)
         for p in pts:
-            ax.annotate(",".join(p["methods"][:2]), (p["predicted_gain"], p["realized_gain"]),
-                        textcoords="offset points", xytext=(3, 2), fontsize=5)
+            ax.annotate(
+                ",".join(p["methods"][:2]),
+                (p["predicted_gain"], p["realized_gain"]),
+                textcoords="offset points",
+                xytext=(3, 2),
+                fontsize=5,
+            )
         cal = an.get("calibration")
         if cal and np.isfinite(cal["slope"]):
             xs = np.linspace(min(px), max(px), 2)
-            ax.plot(xs, cal["slope"] * xs + cal["intercept"], "--", color="tab:red",
-                    label=f"fit: slope {cal['slope']:.2f}, Spearman {cal['spearman']:.2f}")
+            ax.plot(
+                xs,
+                cal["slope"] * xs + cal["intercept"],
+                "--",
+                color="tab:red",
+                label=f"fit: slope {cal['slope']:.2f}, Spearman {cal['spearman']:.2f}",
+            )
             ax.legend(frameon=False, loc="best")
         ax.set_xlabel("predicted gain: sum of benefit of high layers (nats)")
         ax.set_ylabel("realized gain vs all-low (nats)")
@@ -45,7 +55,13 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
             labels = [f"{t['layers'][0]}+{t['layers'][1]}" for t in terms]
             x = np.arange(len(terms))
             w = 0.27
-            ax.bar(x - w, [t["pair_benefit"] for t in terms], w, label="pair benefit (measured)", color="tab:blue")
+            ax.bar(
+                x - w,
+                [t["pair_benefit"] for t in terms],
+                w,
+                label="pair benefit (measured)",
+                color="tab:blue",
+            )
             ax.bar(x, [t["additive"] for t in terms], w, label="sum of single benefits", color="tab:gray")
             ax.bar(x + w, [t["interaction"] for t in terms], w, label="interaction", color="tab:orange")
             ax.axhline(0, color="black", lw=0.6)
@@ -54,8 +70,14 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
             ax.set_ylabel("benefit (nats)")
             ax.legend(frameon=False, loc="best")
         else:
-            ax.text(0.5, 0.5, "no interaction runs (interaction_top = 0)", ha="center", va="center",
-                    transform=ax.transAxes)
+            ax.text(
+                0.5,
+                0.5,
+                "no interaction runs (interaction_top = 0)",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+            )
         ax.set_title(f"{arch.upper()}: interactions of top layers")
     fig.suptitle(f"Profile calibration and interactions (scale {doc['scale']})")
     return save(fig, out, "calibration")

@@ -17,12 +17,22 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
     markers = ["o", "s", "^", "D"]
     for i, comp in enumerate(doc["settings"]["compressors"]):
         for method, ls in (("clapping_fc", "-"), ("clapping_fu", "--")):
-            rows = sorted((r for r in doc["rows"] if r["method"] == method and r["compressor"] == comp),
-                          key=lambda r: r["p"])
+            rows = sorted(
+                (r for r in doc["rows"] if r["method"] == method and r["compressor"] == comp),
+                key=lambda r: r["p"],
+            )
             if rows:
-                ax.errorbar([r["p"] for r in rows], [r["val_loss"] for r in rows], yerr=[r["val_loss_std"] for r in rows],
-                            color=METHOD_COLORS[method], linestyle=ls, marker=markers[i % 4], markersize=3, capsize=2,
-                            label=f"{method} {comp}")
+                ax.errorbar(
+                    [r["p"] for r in rows],
+                    [r["val_loss"] for r in rows],
+                    yerr=[r["val_loss_std"] for r in rows],
+                    color=METHOD_COLORS[method],
+                    linestyle=ls,
+                    marker=markers[i % 4],
+                    markersize=3,
+                    capsize=2,
+                    label=f"{method} {comp}",
+                )
     for r in doc["rows"]:
         if r["method"] == "none":
             ax.axhline(r["val_loss"], color="black", linewidth=0.8, linestyle=":", label="none (exact)")

@@ -20,7 +20,9 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
     compute = [r["train_wall_s"] for r in rows]
     net = [r["emulated_net_s"] for r in rows]
     ax.barh(y, compute, color="tab:blue", label="compute (measured wall time)")
-    ax.barh(y, net, left=compute, color="tab:orange", label=f"network, emulated at {doc['bandwidth_mbps']:g} Mbps")
+    ax.barh(
+        y, net, left=compute, color="tab:orange", label=f"network, emulated at {doc['bandwidth_mbps']:g} Mbps"
+    )
     ax.set_yticks(list(y))
     ax.set_yticklabels(labels, fontsize=5.5)
     ax.invert_yaxis()

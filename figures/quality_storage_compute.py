@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import COLUMN_WIDTH_IN, load_table1, plt, save, style  # noqa: E402
+from _common import COLUMN_WIDTH_IN, load_table1, plt, save, style
 
 
 def place_labels(ax, points, xs, ys) -> None:
@@ -24,8 +24,16 @@ def place_labels(ax, points, xs, ys) -> None:
     shift = max(0.0, placed[-1] - max(ys)) / 2  # centre the column on the points
     for i, y in zip(order, placed):
         label = ", ".join(points[i]["methods"][:3]) + ("…" if len(points[i]["methods"]) > 3 else "")
-        ax.annotate(label, (xs[i], ys[i]), xytext=(x_text, y - shift), textcoords="data", ha="left",
-                    va="center", fontsize=5, arrowprops={"arrowstyle": "-", "lw": 0.3, "color": "gray"})
+        ax.annotate(
+            label,
+            (xs[i], ys[i]),
+            xytext=(x_text, y - shift),
+            textcoords="data",
+            ha="left",
+            va="center",
+            fontsize=5,
+            arrowprops={"arrowstyle": "-", "lw": 0.3, "color": "gray"},
+        )
     ax.set_xlim(min(xs) - 0.08 * x_span, max(xs) + 0.55 * x_span)
 
 
@@ -44,8 +52,16 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
     xs = [p["kv_bytes_per_token"] for p in points]
     ys = [p["loss_mean"] for p in points]
     flops = [p["attention_flops_per_token"] / 1e6 for p in points]
-    ax.errorbar(xs, ys, yerr=[p["loss_std"] or 0.0 for p in points], fmt="none", ecolor="gray", elinewidth=0.6,
-                capsize=1.5, zorder=1)
+    ax.errorbar(
+        xs,
+        ys,
+        yerr=[p["loss_std"] or 0.0 for p in points],
+        fmt="none",
+        ecolor="gray",
+        elinewidth=0.6,
+        capsize=1.5,
+        zorder=1,
+    )
     sc = ax.scatter(xs, ys, c=flops, cmap="viridis", s=18, zorder=2, edgecolors="black", linewidths=0.3)
     fx = [xs[i] for i in front]
     fy = [ys[i] for i in front]

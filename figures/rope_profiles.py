@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import TEXT_WIDTH_IN, load_json, load_table1, plt, save, style  # noqa: E402
+from _common import TEXT_WIDTH_IN, load_json, load_table1, plt, save, style
 
 
 def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> list[Path]:
@@ -27,8 +27,15 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
         n = len(target["values"])
         x = np.arange(n)
         ax = row[0]
-        ax.bar(x, target["values"], yerr=target.get("std"), color="tab:blue", alpha=0.75, capsize=2,
-               label=f"target, measured ({n} layers)")
+        ax.bar(
+            x,
+            target["values"],
+            yerr=target.get("std"),
+            color="tab:blue",
+            alpha=0.75,
+            capsize=2,
+            label=f"target, measured ({n} layers)",
+        )
         ax.plot(x, transferred["values"], "o-", color="tab:orange", ms=3, label="transferred from source")
         ns = len(source["values"])
         src_x = [u * (n - 1) for u in (np.linspace(0, 1, ns) if ns > 1 else [0.5])]
@@ -42,9 +49,13 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
         ax.set_xticks(x)
         ax.set_xlabel("layer (target model)")
         ax.set_ylabel("coverage benefit (nats)")
-        ax.set_title(f"{arch.upper()}: coverage benefit ({target['meta']['steps']}-step runs, ± std over seeds)")
+        ax.set_title(
+            f"{arch.upper()}: coverage benefit ({target['meta']['steps']}-step runs, ± std over seeds)"
+        )
         ax = row[1]
-        ax.bar(x, phase_off["values"], color="tab:green", alpha=0.75, label="loss(phase off) - loss(reference)")
+        ax.bar(
+            x, phase_off["values"], color="tab:green", alpha=0.75, label="loss(phase off) - loss(reference)"
+        )
         k = a["k"]
         order = sorted(range(n), key=lambda i: (-phase_off["values"][i], i))[:k]
         ptop = max(phase_off["values"])

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ARCH_TITLE, TEXT_WIDTH_IN, load_table1, plt, save, style  # noqa: E402
+from _common import ARCH_TITLE, TEXT_WIDTH_IN, load_table1, plt, save, style
 
 REFERENCE = {"all-high", "all-low", "nope"}
 
@@ -45,29 +45,35 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
             curves = [c for c in (val_curve(arch_doc["runs"][n]) for n in names) if c]
             if not curves:
                 continue
-            steps = sorted(set.intersection(*(set(s for s, _ in c) for c in curves)))
+            steps = sorted(set.intersection(*({s for s, _ in c} for c in curves)))
             values = np.array([[dict(c)[s] for s in steps] for c in curves])
             mean = values.mean(axis=0)
             std = values.std(axis=0, ddof=1) if len(curves) > 1 else np.zeros_like(mean)
             method = row["method"].split(" (")[0]
             ls = "--" if method in REFERENCE else "-"
-            ax.plot(steps, mean, ls, color=cmap(i), label=row["method"] + (" †" if method in REFERENCE else ""))
+            ax.plot(
+                steps, mean, ls, color=cmap(i), label=row["method"] + (" †" if method in REFERENCE else "")
+            )
             ax.fill_between(steps, mean - std, mean + std, color=cmap(i), alpha=0.2, linewidth=0)
             lows.append((mean, steps))
         # zoom on the second half of training, where the rows separate
-        finals = [m[len(m) // 3:] for m, _ in lows]
+        finals = [m[len(m) // 3 :] for m, _ in lows]
         lo = min(float(f.min()) for f in finals)
         hi = max(float(f.max()) for f in finals)
         pad = 0.05 * (hi - lo or 1.0)
         ax.set_ylim(lo - pad, hi + pad)
         ax.set_xlim(lows[0][1][len(lows[0][1]) // 3], lows[0][1][-1])
-        ax.set_title(f"{ARCH_TITLE[arch]}, {doc['architectures'][arch]['target_layers']} layers, "
-                     f"{len(doc['seeds'])} seed(s)")
+        ax.set_title(
+            f"{ARCH_TITLE[arch]}, {doc['architectures'][arch]['target_layers']} layers, "
+            f"{len(doc['seeds'])} seed(s)"
+        )
         ax.set_xlabel("training step")
         ax.set_ylabel("validation loss (nats/token)")
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=6, frameon=False)
-    fig.suptitle(f"Table 1 rows: validation loss (mean ± std over seeds; † not budget-matched), scale {doc['scale']}")
+    fig.suptitle(
+        f"Table 1 rows: validation loss (mean ± std over seeds; † not budget-matched), scale {doc['scale']}"
+    )
     return save(fig, out, "table1_curves")
 
 

@@ -43,7 +43,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(0 if args else 2)
     command = args[0]
     if command not in COMMANDS:
-        print(f"repro: error: unknown command {command!r}; commands are {', '.join(COMMANDS)}", file=sys.stderr)
+        print(
+            f"repro: error: unknown command {command!r}; commands are {', '.join(COMMANDS)}", file=sys.stderr
+        )
         raise SystemExit(2)
     target = COMMANDS[command][0]
     module = importlib.import_module(target)

@@ -27,7 +27,12 @@ def field_comments(cls: type) -> dict[str, str]:
         for line_no, line in enumerate(source.splitlines(), 1):
             stripped = line.strip()
             name = stripped.split(":", 1)[0].strip()
-            if name in names and ":" in stripped and line.startswith(" " * 4) and not line.startswith(" " * 8):
+            if (
+                name in names
+                and ":" in stripped
+                and line.startswith(" " * 4)
+                and not line.startswith(" " * 8)
+            ):
                 line_field[line_no] = name
         for tok in tokenize.generate_tokens(io.StringIO(source).readline):
             if tok.type == tokenize.COMMENT and tok.start[0] in line_field:

@@ -22,15 +22,28 @@ MOVED = {
     "paper_configs/cpu_source_mla.yaml": "paper_configs/models/cpu/gpt_mla.yaml (the 6-layer source was removed)",
     "paper_configs/paper_mha.yaml": "paper_configs/models/paper/gpt_mha.yaml",
     "paper_configs/paper_mla.yaml": "paper_configs/models/paper/gpt_mla.yaml",
-    **{f"paper_configs/table1/{s}.yaml": f"paper_configs/experiments/table1/{s}.yaml"
-       for s in ("smoke", "cpu", "paper", "paper_gpu_check")},
-    **{f"paper_configs/table1/{s}_{m}_{a}.yaml": f"paper_configs/models/{s}/table1_{m}_{a}.yaml"
-       for s in ("smoke", "cpu", "paper") for m in ("target", "source") for a in ("mha", "mla")},
-    **{f"paper_configs/clapping/{s}.yaml": f"paper_configs/experiments/clapping/{s}.yaml"
-       for s in ("smoke", "cpu", "paper")},
-    **{f"paper_configs/clapping/{s}_model.yaml": f"paper_configs/models/{s}/clapping.yaml"
-       for s in ("smoke", "cpu", "paper")},
-    **{f"paper_configs/bench/{s}.yaml": f"paper_configs/experiments/bench/{s}.yaml" for s in ("full", "quick")},
+    **{
+        f"paper_configs/table1/{s}.yaml": f"paper_configs/experiments/table1/{s}.yaml"
+        for s in ("smoke", "cpu", "paper", "paper_gpu_check")
+    },
+    **{
+        f"paper_configs/table1/{s}_{m}_{a}.yaml": f"paper_configs/models/{s}/table1_{m}_{a}.yaml"
+        for s in ("smoke", "cpu", "paper")
+        for m in ("target", "source")
+        for a in ("mha", "mla")
+    },
+    **{
+        f"paper_configs/clapping/{s}.yaml": f"paper_configs/experiments/clapping/{s}.yaml"
+        for s in ("smoke", "cpu", "paper")
+    },
+    **{
+        f"paper_configs/clapping/{s}_model.yaml": f"paper_configs/models/{s}/clapping.yaml"
+        for s in ("smoke", "cpu", "paper")
+    },
+    **{
+        f"paper_configs/bench/{s}.yaml": f"paper_configs/experiments/bench/{s}.yaml"
+        for s in ("full", "quick")
+    },
 }
 
 

@@ -32,7 +32,9 @@ def data_cache(tmp_path_factory) -> Path:
 def smoke_datamodule(data_cache):
     from repro.data import TextDataModule
 
-    dm = TextDataModule(vocab_size=512, block_size=64, batch_size=8, max_val_blocks=16, cache_dir=str(data_cache))
+    dm = TextDataModule(
+        vocab_size=512, block_size=64, batch_size=8, max_val_blocks=16, cache_dir=str(data_cache)
+    )
     dm.setup()
     return dm
 

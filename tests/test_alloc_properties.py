@@ -27,14 +27,18 @@ def budget_cases(draw):
         high, low, unit = high_dims / head_dim, low_dims / head_dim, "coverage"
     else:
         d_nope = draw(st.sampled_from([8, 16, 32]))
-        cfg = GPTConfig(vocab_size=1, n_layer=n_layer, n_embd=32, n_head=2, attention="mla", qk_nope_head_dim=d_nope)
+        cfg = GPTConfig(
+            vocab_size=1, n_layer=n_layer, n_embd=32, n_head=2, attention="mla", qk_nope_head_dim=d_nope
+        )
         low = float(draw(st.integers(0, 15)) * 2)
         high = low + float(draw(st.integers(1, 16)) * 2)
         unit = "width"
     k = draw(st.integers(0, n_layer))
     budget = low + k * (high - low) / n_layer
-    profiles = {kind: LayerProfile(kind, draw(st.lists(finite, min_size=n_layer, max_size=n_layer)))
-                for kind in ("coverage_benefit", "phase_off", "transferred")}
+    profiles = {
+        kind: LayerProfile(kind, draw(st.lists(finite, min_size=n_layer, max_size=n_layer)))
+        for kind in ("coverage_benefit", "phase_off", "transferred")
+    }
     return cfg, BudgetLevels(high, low, budget, unit), k, profiles
 
 
@@ -47,8 +51,15 @@ def test_budget_matched_allocations_pick_exactly_k_layers(case, seed):
     for method in BUDGET_MATCHED:
         if method == "uniform":
             continue  # every layer at B: the same total only when B is a whole number of dims
-        a = allocate(method, cfg, levels, benefit=profiles["coverage_benefit"], phase_off=profiles["phase_off"],
-                     transferred=profiles["transferred"], seed=seed)
+        a = allocate(
+            method,
+            cfg,
+            levels,
+            benefit=profiles["coverage_benefit"],
+            phase_off=profiles["phase_off"],
+            transferred=profiles["transferred"],
+            seed=seed,
+        )
         assert len(a.high_layers) == k == len(set(a.high_layers))
         assert all(0 <= i < cfg.n_layer for i in a.high_layers) and a.high_layers == sorted(a.high_layers)
         totals.add(sum(a.widths))

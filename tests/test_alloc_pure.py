@@ -10,10 +10,31 @@ import pytest
 
 from repro.alloc.accounting import FixedWidthShape, MLAShape, account_fixed_width, account_mla, account_model
 from repro.alloc.allocation import (
-    BUDGET_MATCHED, METHODS, allocate, bottom_k_layers, random_allocations, spaced_layers, top_k_layers,
+    BUDGET_MATCHED,
+    METHODS,
+    allocate,
+    bottom_k_layers,
+    random_allocations,
+    spaced_layers,
+    top_k_layers,
 )
-from repro.alloc.analysis import average_ranks, calibration, interaction_terms, jaccard, seed_stability, spearman, transfer_fidelity
-from repro.alloc.budget import BudgetLevels, default_levels, feasible_budgets, level_to_width, levels_for, num_high_layers
+from repro.alloc.analysis import (
+    average_ranks,
+    calibration,
+    interaction_terms,
+    jaccard,
+    seed_stability,
+    spearman,
+    transfer_fidelity,
+)
+from repro.alloc.budget import (
+    BudgetLevels,
+    default_levels,
+    feasible_budgets,
+    level_to_width,
+    levels_for,
+    num_high_layers,
+)
 from repro.alloc.profile import LayerProfile
 from repro.alloc.transfer import interpolate_profile, normalized_depths, transfer_profile
 from repro.models.config import GPTConfig
@@ -43,16 +64,23 @@ def test_coverage_to_dims_rounds_to_even():
 
 
 def test_infeasible_budget_lists_the_feasible_ones():
-    with pytest.raises(ValueError, match=r"k=1.4 high layers.*k=0: B=0.25, k=1: B=0.5, k=2: B=0.75, k=3: B=1"):
+    with pytest.raises(
+        ValueError, match=r"k=1.4 high layers.*k=0: B=0.25, k=1: B=0.5, k=2: B=0.75, k=3: B=1"
+    ):
         num_high_layers(3, BudgetLevels(1.0, 0.25, 0.6, "coverage"))
     assert feasible_budgets(4, BudgetLevels(1.0, 0.25, 0.5, "coverage")) == [0.25, 0.4375, 0.625, 0.8125, 1.0]
 
 
 @pytest.mark.parametrize(
     "high,low,budget,message",
-    [(0.5, 0.5, 0.5, "high=0.5 must be greater than low=0.5"), (0.25, 1.0, 0.5, "must be greater than low"),
-     (1.0, 0.25, 1.5, r"outside \[low, high\]"), (1.0, 0.25, 0.1, r"outside \[low, high\]"),
-     (1.5, 0.25, 0.5, "a coverage is at most 1.0"), (1.0, float("nan"), 0.5, "finite number")],
+    [
+        (0.5, 0.5, 0.5, "high=0.5 must be greater than low=0.5"),
+        (0.25, 1.0, 0.5, "must be greater than low"),
+        (1.0, 0.25, 1.5, r"outside \[low, high\]"),
+        (1.0, 0.25, 0.1, r"outside \[low, high\]"),
+        (1.5, 0.25, 0.5, "a coverage is at most 1.0"),
+        (1.0, float("nan"), 0.5, "finite number"),
+    ],
 )
 def test_bad_levels_are_rejected(high, low, budget, message):
     with pytest.raises(ValueError, match=message):
@@ -88,13 +116,21 @@ def test_allocation_methods_pick_the_right_layers():
     assert pick("phase-off-k", phase_off=profile(benefit.values[::-1], kind="phase_off")) == [0, 5, 8, 10]
     assert allocate("all-high", MHA12, levels).widths == [32] * 12
     assert allocate("all-low", MHA12, levels).widths == [8] * 12
-    assert allocate("nope", MHA12, levels).widths == [0] * 12 and not allocate("nope", MHA12, levels).budget_matched
+    assert (
+        allocate("nope", MHA12, levels).widths == [0] * 12
+        and not allocate("nope", MHA12, levels).budget_matched
+    )
 
 
 def test_ties_go_to_the_shallower_layer():
     assert top_k_layers([1.0, 2.0, 2.0, 2.0, 0.0], 2) == [1, 2]
     assert bottom_k_layers([0.0, 1.0, 0.0, 0.0], 2) == [0, 2]
-    assert allocate("profiled", MHA12, default_levels(MHA12), benefit=profile([0.0] * 12)).high_layers == [0, 1, 2, 3]
+    assert allocate("profiled", MHA12, default_levels(MHA12), benefit=profile([0.0] * 12)).high_layers == [
+        0,
+        1,
+        2,
+        3,
+    ]
 
 
 def test_random_draws_are_seeded_and_distinct():
@@ -128,7 +164,9 @@ def test_empty_or_nan_profile_is_rejected(values, message):
 
 
 def test_profile_json_round_trip_and_bad_files(tmp_path):
-    p = profile([0.1, 0.2, 0.3], std=[0.01, 0.02, 0.03], per_seed={"0": [0.1, 0.2, 0.3]}, model={"n_layer": 3})
+    p = profile(
+        [0.1, 0.2, 0.3], std=[0.01, 0.02, 0.03], per_seed={"0": [0.1, 0.2, 0.3]}, model={"n_layer": 3}
+    )
     p.save(tmp_path / "p.json")
     assert LayerProfile.load(tmp_path / "p.json") == p
     (tmp_path / "bad.json").write_text('{"kind": "coverage_benefit", "values": [0.1, NaN]}')
@@ -200,7 +238,11 @@ def test_interactions_and_fidelity_and_stability():
     fid = transfer_fidelity([0.1, 0.4, 0.3, 0.2], [0.0, 0.5, 0.4, 0.1], k=2)
     assert fid["spearman"] == pytest.approx(1.0) and fid["jaccard"] == 1.0
     stab = seed_stability({"0": [1, 2, 3], "1": [1, 2, 3], "2": [3, 2, 1]})
-    assert stab["pairs"] == {"0-1": pytest.approx(1.0), "0-2": pytest.approx(-1.0), "1-2": pytest.approx(-1.0)}
+    assert stab["pairs"] == {
+        "0-1": pytest.approx(1.0),
+        "0-2": pytest.approx(-1.0),
+        "1-2": pytest.approx(-1.0),
+    }
 
 
 # ------------------------------------------------------------------ accounting

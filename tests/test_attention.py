@@ -20,8 +20,16 @@ def mha_model(**overrides) -> GPT:
 def mla_model(**overrides) -> GPT:
     torch.manual_seed(0)
     cfg = dict(
-        vocab_size=64, block_size=32, n_layer=3, n_embd=32, n_head=2, attention="mla",
-        kv_lora_rank=12, qk_nope_head_dim=8, v_head_dim=6, qk_rope_head_dim=[8, 0, 4],
+        vocab_size=64,
+        block_size=32,
+        n_layer=3,
+        n_embd=32,
+        n_head=2,
+        attention="mla",
+        kv_lora_rank=12,
+        qk_nope_head_dim=8,
+        v_head_dim=6,
+        qk_rope_head_dim=[8, 0, 4],
     )
     cfg.update(overrides)
     return GPT(GPTConfig(**cfg)).eval()
@@ -141,7 +149,9 @@ def test_mla_scale_is_one_over_sqrt_nope_plus_rope():
         attn = model.blocks[layer].attn
         q, k, v = attn._qkv(x)
         manual = torch.einsum("bthd,bshd->bhts", q, k) / (8 + width) ** 0.5
-        torch.testing.assert_close(attn.attention_scores(x), manual.masked_fill(torch.ones(9, 9).triu(1).bool(), float("-inf")))
+        torch.testing.assert_close(
+            attn.attention_scores(x), manual.masked_fill(torch.ones(9, 9).triu(1).bool(), float("-inf"))
+        )
         probs = attn.attention_scores(x).softmax(-1)
         y = torch.einsum("bhts,bshd->bthd", probs, v).reshape(1, 9, -1)
         torch.testing.assert_close(attn(x), attn.o_proj(y), rtol=1e-5, atol=1e-5)

@@ -14,18 +14,38 @@ MLA = dict(n_layer=2, n_embd=64, n_head=4, attention="mla", qk_nope_head_dim=16)
 BAD_MODEL_CONFIGS = [
     ("odd width", dict(MHA, rope_dims=[16, 3, 16, 4]), r"rope_dims\[1\]=3: must be an even integer in 0..16"),
     ("negative width", dict(MHA, rope_dims=[16, -2, 16, 4]), r"rope_dims\[1\]=-2: must be an even integer"),
-    ("width above head", dict(MHA, rope_dims=[16, 18, 16, 4]), r"rope_dims\[1\]=18: larger than the head's width 16"),
+    (
+        "width above head",
+        dict(MHA, rope_dims=[16, 18, 16, 4]),
+        r"rope_dims\[1\]=18: larger than the head's width 16",
+    ),
     ("list length", dict(MHA, rope_dims=[16, 16]), r"rope_dims has 2 entries but n_layer=4"),
     ("heads do not divide", dict(MHA, n_head=5), r"n_head=5: must divide n_embd=64"),
-    ("unknown convention", dict(MHA, rope_convention="yarn"), r"rope_convention='yarn': allowed values are \('neox', 'prope'\)"),
+    (
+        "unknown convention",
+        dict(MHA, rope_convention="yarn"),
+        r"rope_convention='yarn': allowed values are \('neox', 'prope'\)",
+    ),
     ("unknown attention", dict(MHA, attention="linear"), r"attention='linear': allowed values"),
     ("kv heads", dict(MHA, n_kv_head=3), r"n_kv_head=3: must be a positive integer dividing n_head=4"),
-    ("width is not int", dict(MHA, rope_dims=[16, 8.0, 16, 4]), r"rope_dims\[1\]=8.0: must be an even integer"),
-    ("mla odd width", dict(MLA, qk_rope_head_dim=[8, 5]), r"qk_rope_head_dim\[1\]=5: must be an even integer"),
+    (
+        "width is not int",
+        dict(MHA, rope_dims=[16, 8.0, 16, 4]),
+        r"rope_dims\[1\]=8.0: must be an even integer",
+    ),
+    (
+        "mla odd width",
+        dict(MLA, qk_rope_head_dim=[8, 5]),
+        r"qk_rope_head_dim\[1\]=5: must be an even integer",
+    ),
     ("mla list length", dict(MLA, qk_rope_head_dim=[8]), r"qk_rope_head_dim has 1 entries but n_layer=2"),
     ("mla with rope_dims", dict(MLA, rope_dims=[8, 8]), r"rope_dims is set but attention='mla'"),
     ("mha with qk_rope", dict(MHA, qk_rope_head_dim=[8] * 4), r"qk_rope_head_dim is set but attention='mha'"),
-    ("mla prope too wide", dict(MLA, rope_convention="prope", qk_rope_head_dim=[8, 32]), r"qk_rope_head_dim\[1\]=32: larger than"),
+    (
+        "mla prope too wide",
+        dict(MLA, rope_convention="prope", qk_rope_head_dim=[8, 32]),
+        r"qk_rope_head_dim\[1\]=32: larger than",
+    ),
     ("zero layers", dict(MHA, n_layer=0), r"n_layer=0: must be a positive integer"),
     ("mla zero latent", dict(MLA, kv_lora_rank=0), r"kv_lora_rank=0: must be a positive integer"),
     ("unknown mlp", dict(MHA, mlp="relu"), r"mlp='relu': allowed values"),
@@ -74,7 +94,9 @@ def test_non_utf8_text_is_named(tmp_path):
     good.write_text("hello world " * 50)
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"caf\xe9 " * 50)
-    dm = TextDataModule(corpus="text_files", text_files=[str(good), str(bad)], tokenizer="char", cache_dir=str(tmp_path))
+    dm = TextDataModule(
+        corpus="text_files", text_files=[str(good), str(bad)], tokenizer="char", cache_dir=str(tmp_path)
+    )
     with pytest.raises(ValueError, match=r"bad.txt' is not valid UTF-8"):
         dm.setup()
 
@@ -83,10 +105,17 @@ def test_block_size_larger_than_corpus_is_rejected(tmp_path):
     for i in range(3):
         (tmp_path / f"doc{i}.txt").write_text(f"document {i} " * 20)
     dm = TextDataModule(
-        corpus="text_files", text_files=[str(tmp_path / "*.txt")], tokenizer="char",
-        val_fraction=0.34, block_size=1000, cache_dir=str(tmp_path / "cache"),
+        corpus="text_files",
+        text_files=[str(tmp_path / "*.txt")],
+        tokenizer="char",
+        val_fraction=0.34,
+        block_size=1000,
+        cache_dir=str(tmp_path / "cache"),
     )
-    with pytest.raises(ValueError, match=r"data.block_size=1000: the train split has only \d+ tokens, so block_size must be at most \d+"):
+    with pytest.raises(
+        ValueError,
+        match=r"data.block_size=1000: the train split has only \d+ tokens, so block_size must be at most \d+",
+    ):
         dm.setup()
 
 

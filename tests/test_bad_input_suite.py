@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import EXPERIMENTS, MODELS
 from repro.cli import main as repro_main
+
+from conftest import EXPERIMENTS, MODELS
 
 SMOKE = (MODELS / "smoke" / "gpt_mha.yaml").read_text()
 
@@ -38,12 +39,22 @@ def _files(root: Path, cache: Path) -> dict[str, str]:
     put("empty.yaml", "")
     put("utf8_bad.txt", b"to be or not \xff\xfe to be\n" * 50)
     put("empty.txt", "")
-    non_utf8 = cached.replace("  corpus: shakespeare\n", f"  corpus: text_files\n  text_files: [{root / 'utf8_bad.txt'}]\n")
+    non_utf8 = cached.replace(
+        "  corpus: shakespeare\n", f"  corpus: text_files\n  text_files: [{root / 'utf8_bad.txt'}]\n"
+    )
     put("non_utf8.yaml", non_utf8.replace("tokenizer: bpe", "tokenizer: char"))
-    empty_corpus = cached.replace("  corpus: shakespeare\n", f"  corpus: text_files\n  text_files: [{root / 'empty.txt'}]\n")
+    empty_corpus = cached.replace(
+        "  corpus: shakespeare\n", f"  corpus: text_files\n  text_files: [{root / 'empty.txt'}]\n"
+    )
     put("empty_corpus.yaml", empty_corpus.replace("tokenizer: bpe", "tokenizer: char"))
-    put("bad_strategy.yaml", cached.replace("  devices: 1\n", "  devices: 2\n  strategy:\n    class_path: repro.pipeline.lightning.ClappingStrategy\n"
-                                            "    init_args:\n      method: ef22\n"))
+    put(
+        "bad_strategy.yaml",
+        cached.replace(
+            "  devices: 1\n",
+            "  devices: 2\n  strategy:\n    class_path: repro.pipeline.lightning.ClappingStrategy\n"
+            "    init_args:\n      method: ef22\n",
+        ),
+    )
     gpt = dict(n_layer=3, n_embd=64, n_head=2, rope_dims=[16, 4, 4], vocab_size=512, block_size=64)
     torch.save({"hyper_parameters": {"gpt": gpt}, "state_dict": {}}, root / "other_model.ckpt")
     files["other_model_ckpt"] = str(root / "other_model.ckpt")
@@ -55,7 +66,9 @@ def _files(root: Path, cache: Path) -> dict[str, str]:
     put("nan.json", '{"kind": "coverage_benefit", "values": [0.1, NaN, 0.2]}')
     put("not_json.json", "{values: [0.1")
     put("not_object.json", "[0.1, 0.2, 0.3]")
-    shipped = lambda exp: (EXPERIMENTS / exp / "smoke.yaml").read_text().replace("../../models/", f"{MODELS}/")
+    shipped = lambda exp: (
+        (EXPERIMENTS / exp / "smoke.yaml").read_text().replace("../../models/", f"{MODELS}/")
+    )
     put("bad_table1.yaml", shipped("table1") + "profile_seedz: [0]\n")
     put("bad_clapping.yaml", shipped("clapping").replace("[0.5]", "[1.5]"))
     put("bad_bench.yaml", "preset: quick\nrepeats: -1\n")
@@ -78,39 +91,110 @@ CASES = [
     ("fit: non-UTF-8 corpus", "fit --config {non_utf8_yaml}", r"utf8_bad\.txt.*UTF-8|UTF-8.*utf8_bad\.txt"),
     ("fit: empty corpus file", "fit --config {empty_corpus_yaml}", r"empty\.txt"),
     ("fit: bad strategy option", "fit --config {bad_strategy_yaml}", r"method='ef22': allowed values"),
-    ("validate: missing checkpoint", "validate --config {good_yaml} --ckpt_path={missing}", r"ckpt_path=.*missing\.yaml.*no such file"),
-    ("validate: garbage checkpoint", "validate --config {good_yaml} --ckpt_path={garbage_ckpt}", r"garbage\.ckpt.*not a readable checkpoint"),
-    ("validate: truncated checkpoint", "validate --config {good_yaml} --ckpt_path={truncated_ckpt}", r"truncated\.ckpt.*not a readable checkpoint"),
-    ("validate: empty checkpoint", "validate --config {good_yaml} --ckpt_path={empty_ckpt}", r"empty\.ckpt.*not a readable checkpoint"),
-    ("validate: checkpoint of another model", "validate --config {good_yaml} --ckpt_path={other_model_ckpt}",
-     r"does not match the config's model \(n_head: checkpoint 2 vs config 4\)"),
-    ("profile: checkpoint of another model", "profile phase-off --config {good_yaml} --ckpt-path {other_model_ckpt} --out {out}",
-     r"does not match the config's model"),
-    ("profile: corrupt checkpoint", "profile phase-off --config {good_yaml} --ckpt-path {garbage_ckpt} --out {out}", r"garbage\.ckpt': not a readable checkpoint"),
-    ("profile: zero steps", "profile coverage --config {good_yaml} --steps 0 --out {out}", r"coverage profile steps=0: must be a positive integer"),
-    ("allocate: profile of another model", "allocate --config {smoke_target} --method profiled --benefit {three_layers_json} --out {out}",
-     r"profile has 3 layers but the model has 6"),
-    ("allocate: non-finite profile", "allocate --config {good_yaml} --method profiled --benefit {nan_json} --out {out}", r"not finite"),
-    ("allocate: profile is not JSON", "allocate --config {good_yaml} --method profiled --benefit {not_json_json} --out {out}", r"not_json\.json"),
-    ("allocate: profile is not an object", "allocate --config {good_yaml} --method profiled --benefit {not_object_json} --out {out}", r"not_object\.json"),
-    ("allocate: missing profile", "allocate --config {good_yaml} --method profiled --benefit {missing} --out {out}", r"missing\.yaml"),
-    ("allocate: budget out of range", "allocate --config {good_yaml} --budget 1.5 --out {out}", r"outside \[low, high\]"),
-    ("transfer: no target layers", "transfer --profile {three_layers_json} --target-layers 0 --out {out}", r"at least one layer"),
-    ("table1: unknown settings field", "table1 --settings {bad_table1_yaml} --out {outdir}", r"profile_seedz"),
+    (
+        "validate: missing checkpoint",
+        "validate --config {good_yaml} --ckpt_path={missing}",
+        r"ckpt_path=.*missing\.yaml.*no such file",
+    ),
+    (
+        "validate: garbage checkpoint",
+        "validate --config {good_yaml} --ckpt_path={garbage_ckpt}",
+        r"garbage\.ckpt.*not a readable checkpoint",
+    ),
+    (
+        "validate: truncated checkpoint",
+        "validate --config {good_yaml} --ckpt_path={truncated_ckpt}",
+        r"truncated\.ckpt.*not a readable checkpoint",
+    ),
+    (
+        "validate: empty checkpoint",
+        "validate --config {good_yaml} --ckpt_path={empty_ckpt}",
+        r"empty\.ckpt.*not a readable checkpoint",
+    ),
+    (
+        "validate: checkpoint of another model",
+        "validate --config {good_yaml} --ckpt_path={other_model_ckpt}",
+        r"does not match the config's model \(n_head: checkpoint 2 vs config 4\)",
+    ),
+    (
+        "profile: checkpoint of another model",
+        "profile phase-off --config {good_yaml} --ckpt-path {other_model_ckpt} --out {out}",
+        r"does not match the config's model",
+    ),
+    (
+        "profile: corrupt checkpoint",
+        "profile phase-off --config {good_yaml} --ckpt-path {garbage_ckpt} --out {out}",
+        r"garbage\.ckpt': not a readable checkpoint",
+    ),
+    (
+        "profile: zero steps",
+        "profile coverage --config {good_yaml} --steps 0 --out {out}",
+        r"coverage profile steps=0: must be a positive integer",
+    ),
+    (
+        "allocate: profile of another model",
+        "allocate --config {smoke_target} --method profiled --benefit {three_layers_json} --out {out}",
+        r"profile has 3 layers but the model has 6",
+    ),
+    (
+        "allocate: non-finite profile",
+        "allocate --config {good_yaml} --method profiled --benefit {nan_json} --out {out}",
+        r"not finite",
+    ),
+    (
+        "allocate: profile is not JSON",
+        "allocate --config {good_yaml} --method profiled --benefit {not_json_json} --out {out}",
+        r"not_json\.json",
+    ),
+    (
+        "allocate: profile is not an object",
+        "allocate --config {good_yaml} --method profiled --benefit {not_object_json} --out {out}",
+        r"not_object\.json",
+    ),
+    (
+        "allocate: missing profile",
+        "allocate --config {good_yaml} --method profiled --benefit {missing} --out {out}",
+        r"missing\.yaml",
+    ),
+    (
+        "allocate: budget out of range",
+        "allocate --config {good_yaml} --budget 1.5 --out {out}",
+        r"outside \[low, high\]",
+    ),
+    (
+        "transfer: no target layers",
+        "transfer --profile {three_layers_json} --target-layers 0 --out {out}",
+        r"at least one layer",
+    ),
+    (
+        "table1: unknown settings field",
+        "table1 --settings {bad_table1_yaml} --out {outdir}",
+        r"profile_seedz",
+    ),
     ("table1: missing settings", "table1 --settings {missing} --out {outdir}", r"missing\.yaml"),
-    ("clapping: p out of range", "clapping --settings {bad_clapping_yaml} --out {outdir}", r"clapping_p|1\.5"),
+    (
+        "clapping: p out of range",
+        "clapping --settings {bad_clapping_yaml} --out {outdir}",
+        r"clapping_p|1\.5",
+    ),
     ("clapping: unknown scale", "clapping --scale huge --out {outdir}", r"huge"),
-    ("bench: bad settings", "bench --settings {bad_bench_yaml} --out {outdir}", r"repeats=-1: must be a positive integer"),
+    (
+        "bench: bad settings",
+        "bench --settings {bad_bench_yaml} --out {outdir}",
+        r"repeats=-1: must be a positive integer",
+    ),
 ]
 
 
 @pytest.mark.parametrize("case, command, message", CASES, ids=[c[0] for c in CASES])
-def test_bad_input_fails_early_naming_it_and_writes_nothing(case, command, message, tmp_path, data_cache, capsys, monkeypatch):
+def test_bad_input_fails_early_naming_it_and_writes_nothing(
+    case, command, message, tmp_path, data_cache, capsys, monkeypatch
+):
     work = tmp_path / "work"
     work.mkdir()
     files = _files(work, data_cache)
     monkeypatch.chdir(work)
-    before = {p for p in work.rglob("*")}
+    before = set(work.rglob("*"))
     args = command.format(**files, out=str(work / "out.json"), outdir=str(work / "outdir")).split()
     with pytest.raises((SystemExit, ValueError, FileNotFoundError)) as info:
         repro_main(args)
@@ -120,7 +204,7 @@ def test_bad_input_fails_early_naming_it_and_writes_nothing(case, command, messa
     else:
         text = str(info.value)
     assert __import__("re").search(message, text, __import__("re").S), f"{case}: {text[-2000:]}"
-    created = {p for p in work.rglob("*")} - before
+    created = set(work.rglob("*")) - before
     # nothing but caches (the tokenizer) may appear: no results, logs or checkpoints
     assert not [p for p in created if ".cache" not in p.parts], f"{case}: wrote {sorted(created)}"
 

@@ -7,11 +7,12 @@ import sys
 
 import pytest
 
-from conftest import EXPERIMENTS, MODELS, REPO_ROOT
 from repro.experiments.clapping.plan import plan_rows
 from repro.experiments.clapping.run import run_clapping
 from repro.experiments.clapping.settings import load_clapping_settings
 from repro.pipeline.compressors import build_compressor
+
+from conftest import EXPERIMENTS, MODELS, REPO_ROOT
 
 SMOKE = EXPERIMENTS / "clapping" / "smoke.yaml"
 pytestmark = pytest.mark.slow
@@ -26,14 +27,18 @@ def smoke(tmp_path_factory, data_cache):
 
 
 def _row(report, method, compressor, p):
-    return next(r for r in report["rows"] if (r["method"], r["compressor"], r["p"]) == (method, compressor, p))
+    return next(
+        r for r in report["rows"] if (r["method"], r["compressor"], r["p"]) == (method, compressor, p)
+    )
 
 
 def test_every_planned_row_is_in_the_table(smoke):
     settings, report, out = smoke
     planned = {(r.method, r.compressor, r.p) for r in plan_rows(settings)}
     assert {(r["method"], r["compressor"], r["p"]) for r in report["rows"]} == planned
-    assert {"none", "none_lazy", "direct", "ef21", "aqsgd", "clapping_fc", "clapping_fu"} == {m for m, _, _ in planned}
+    assert {"none", "none_lazy", "direct", "ef21", "aqsgd", "clapping_fc", "clapping_fu"} == {
+        m for m, _, _ in planned
+    }
     for name in ("clapping_table.md", "clapping_table.csv", "clapping_table.json"):
         assert (out / name).is_file()
     md_rows = [line for line in (out / "clapping_table.md").read_text().splitlines() if line.startswith("| ")]
@@ -54,10 +59,16 @@ def test_bytes_sent_are_the_compressors_payloads(smoke):
             assert _row(report, method, comp, 1.0)["compression_ratio"] == pytest.approx(c, rel=1e-12)
         for p in settings.clapping_p:
             assert _row(report, "clapping_fc", comp, p)["compression_ratio"] == pytest.approx(c, rel=1e-12)
-            fu_runs = [r for r in report["runs"] if (r["method"], r["compressor"], r["p"]) == ("clapping_fu", comp, p)]
+            fu_runs = [
+                r
+                for r in report["runs"]
+                if (r["method"], r["compressor"], r["p"]) == ("clapping_fu", comp, p)
+            ]
             for run in fu_runs:  # exact messages on fresh steps, compressed ones on reuse steps
                 fresh = run["fresh_batches"]
-                assert run["bytes_total"] / run["raw_bytes_total"] == pytest.approx((fresh + (steps - fresh) * c) / steps)
+                assert run["bytes_total"] / run["raw_bytes_total"] == pytest.approx(
+                    (fresh + (steps - fresh) * c) / steps
+                )
                 assert c < run["bytes_total"] / run["raw_bytes_total"] < 1
         # AQ-SGD: forward exact during the warm-up epoch (N / batch steps), then compressed; backward direct
         warm = settings.warmup_epochs * (64 // 16)
@@ -116,7 +127,9 @@ def test_bad_clapping_settings_fail_with_the_field(override, fragment, tmp_path)
     lines = [line for line in text.splitlines() if not line.startswith(f"{key}:")]
     path = tmp_path / "bad.yaml"
     path.write_text("\n".join(lines + [override]) + "\n")
-    with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+    with pytest.raises(
+        ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")
+    ):
         load_clapping_settings(path)
 
 

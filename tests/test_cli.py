@@ -11,8 +11,9 @@ import pytest
 import torch
 import yaml
 
-from conftest import MODELS
 from repro.lit.tensorboard_scalars import read_scalars
+
+from conftest import MODELS
 
 
 def repro_command() -> list[str]:
@@ -28,7 +29,8 @@ def run_repro(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.Comp
 @pytest.mark.parametrize("config", ["gpt_mha.yaml", "gpt_mla.yaml"])
 def test_fit_then_validate_from_a_config(config, tmp_path, data_cache):
     common = [
-        "--config", str(MODELS / "smoke" / config),
+        "--config",
+        str(MODELS / "smoke" / config),
         f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}",
         f"--data.cache_dir={data_cache}",
         "--trainer.enable_progress_bar=false",
@@ -45,7 +47,9 @@ def test_fit_then_validate_from_a_config(config, tmp_path, data_cache):
     ckpt = torch.load(run_dir / "checkpoints" / "final.ckpt", weights_only=False, map_location="cpu")
     assert ckpt["global_step"] == 20
 
-    validate = run_repro(["validate", *common, f"--ckpt_path={run_dir / 'checkpoints' / 'final.ckpt'}"], tmp_path)
+    validate = run_repro(
+        ["validate", *common, f"--ckpt_path={run_dir / 'checkpoints' / 'final.ckpt'}"], tmp_path
+    )
     assert validate.returncode == 0, validate.stderr[-3000:]
     reval = read_scalars(tmp_path / "logs" / name / "version_1")["val/loss"][0][1]
     assert reval == pytest.approx(val_loss_at_end, rel=1e-5)  # the checkpoint is the trained model
@@ -71,8 +75,14 @@ def test_print_config_shows_per_layer_rope_widths(tmp_path):
 )
 def test_bad_model_config_fails_before_anything_is_built(override, message, tmp_path):
     out = run_repro(
-        ["fit", "--config", str(MODELS / "smoke" / "gpt_mha.yaml"), override,
-         f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}", f"--data.cache_dir={tmp_path / 'cache'}"],
+        [
+            "fit",
+            "--config",
+            str(MODELS / "smoke" / "gpt_mha.yaml"),
+            override,
+            f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}",
+            f"--data.cache_dir={tmp_path / 'cache'}",
+        ],
         tmp_path,
     )
     assert out.returncode != 0
@@ -106,14 +116,32 @@ def test_pipeline_fit_from_the_cli_then_single_process_validate_of_its_checkpoin
         "--trainer.enable_progress_bar=false",
         "--trainer.log_every_n_steps=2",
     ]
-    fit = run_repro(["fit", "--config", str(MODELS / "smoke" / "pipeline.yaml"), *common,
-                     "--trainer.strategy.init_args.start_method=fork", "--trainer.max_steps=6",
-                     "--trainer.val_check_interval=6"], tmp_path)
+    fit = run_repro(
+        [
+            "fit",
+            "--config",
+            str(MODELS / "smoke" / "pipeline.yaml"),
+            *common,
+            "--trainer.strategy.init_args.start_method=fork",
+            "--trainer.max_steps=6",
+            "--trainer.val_check_interval=6",
+        ],
+        tmp_path,
+    )
     assert fit.returncode == 0, fit.stderr[-3000:]
     run_dir = tmp_path / "logs" / "smoke_pipeline" / "version_0"
     scalars = read_scalars(run_dir)
-    for key in ("train/loss", "val/loss", "pipe/bytes_total", "pipe/compression_ratio", "pipe/rel_error/b0_fwd",
-                "pipe/buffer_bytes/rank3", "pipe/fresh_batches", "pipe/net_time_s", "pipe/wall_s"):
+    for key in (
+        "train/loss",
+        "val/loss",
+        "pipe/bytes_total",
+        "pipe/compression_ratio",
+        "pipe/rel_error/b0_fwd",
+        "pipe/buffer_bytes/rank3",
+        "pipe/fresh_batches",
+        "pipe/net_time_s",
+        "pipe/wall_s",
+    ):
         assert key in scalars, key
     # the pipe/* scalars are written by the strategy itself, at the steps Lightning writes train/loss
     assert [s for s, _ in scalars["pipe/bytes_total"]] == [s for s, _ in scalars["train/loss"]]
@@ -121,9 +149,18 @@ def test_pipeline_fit_from_the_cli_then_single_process_validate_of_its_checkpoin
     ratio = scalars["pipe/compression_ratio"][-1][1]
     assert 0.1 < ratio < 0.3  # quant(4) forward, quant(8) backward: about 1/8 and 1/4 of fp32, plus scales
     val_loss = scalars["val/loss"][-1][1]
-    validate = run_repro(["validate", "--config", str(MODELS / "smoke" / "pipeline.yaml"), *common,
-                          "--trainer.strategy=auto", "--trainer.devices=1",
-                          f"--ckpt_path={run_dir / 'checkpoints' / 'final.ckpt'}"], tmp_path)
+    validate = run_repro(
+        [
+            "validate",
+            "--config",
+            str(MODELS / "smoke" / "pipeline.yaml"),
+            *common,
+            "--trainer.strategy=auto",
+            "--trainer.devices=1",
+            f"--ckpt_path={run_dir / 'checkpoints' / 'final.ckpt'}",
+        ],
+        tmp_path,
+    )
     assert validate.returncode == 0, validate.stderr[-3000:]
     reval = read_scalars(tmp_path / "logs" / "smoke_pipeline" / "version_1")["val/loss"][0][1]
     assert reval == pytest.approx(val_loss, rel=1e-4)

@@ -18,7 +18,9 @@ specs = st.one_of(
     st.sampled_from(["identity", "fp16", "bf16"]),
     ratios.map(lambda r: f"topk({r})"),
     ratios.map(lambda r: f"randk({r})"),
-    st.tuples(st.integers(2, 8), st.booleans()).map(lambda t: f"quant({t[0]}{',stochastic' if t[1] else ''})"),
+    st.tuples(st.integers(2, 8), st.booleans()).map(
+        lambda t: f"quant({t[0]}{',stochastic' if t[1] else ''})"
+    ),
 )
 
 

@@ -10,8 +10,19 @@ import torch
 from repro.pipeline.bitpack import pack_bits, packed_nbytes, unpack_bits
 from repro.pipeline.compressors import Quantize, build_compressor
 
-SPECS = ["identity", "fp16", "bf16", "topk(0.05)", "topk(1.0)", "randk(0.1)", "quant(2)", "quant(4)", "quant(8)",
-         "quant(3,stochastic)", "quant(5,scale=bf16)"]
+SPECS = [
+    "identity",
+    "fp16",
+    "bf16",
+    "topk(0.05)",
+    "topk(1.0)",
+    "randk(0.1)",
+    "quant(2)",
+    "quant(4)",
+    "quant(8)",
+    "quant(3,stochastic)",
+    "quant(5,scale=bf16)",
+]
 
 
 @pytest.mark.parametrize("spec", SPECS)
@@ -43,7 +54,9 @@ def test_topk_keeps_the_largest_entries_and_sends_values_plus_smallest_indices()
     assert int(kept.sum()) == k
     assert float(x.abs()[~kept].max()) <= float(x.abs()[kept].min())
     assert torch.equal(x_hat[kept], x[kept])
-    assert comp.payload_nbytes((4, 64, 64), torch.float32) == math.ceil(0.1 * 16384) * (4 + 2)  # int16 indices
+    assert comp.payload_nbytes((4, 64, 64), torch.float32) == math.ceil(0.1 * 16384) * (
+        4 + 2
+    )  # int16 indices
 
 
 def test_randk_both_ends_pick_the_same_entries_from_the_seed():
@@ -92,7 +105,9 @@ def test_stochastic_quant_is_unbiased_on_average():
     x = torch.full((1, 1, 4), 0.3)
     x[..., 0] = 1.0  # sets the scale
     comp = build_compressor("quant(2,stochastic)")
-    mean = torch.stack([comp.decompress(comp.compress(x, seed=s), x.shape, x.dtype, seed=s) for s in range(400)]).mean(0)
+    mean = torch.stack(
+        [comp.decompress(comp.compress(x, seed=s), x.shape, x.dtype, seed=s) for s in range(400)]
+    ).mean(0)
     assert abs(float(mean[0, 0, 1]) - 0.3) < 0.05
 
 
@@ -107,8 +122,16 @@ def test_bit_packing_round_trips_for_every_width(bits, n):
 
 @pytest.mark.parametrize(
     "spec, fragment",
-    [("quant(1)", "2..8"), ("quant(9)", "2..8"), ("quant", "number of bits"), ("topk(0)", "(0, 1]"),
-     ("topk(1.5)", "(0, 1]"), ("randk(-0.1)", "(0, 1]"), ("zip", "unknown compressor"), ("quant(4,fast)", "fast")],
+    [
+        ("quant(1)", "2..8"),
+        ("quant(9)", "2..8"),
+        ("quant", "number of bits"),
+        ("topk(0)", "(0, 1]"),
+        ("topk(1.5)", "(0, 1]"),
+        ("randk(-0.1)", "(0, 1]"),
+        ("zip", "unknown compressor"),
+        ("quant(4,fast)", "fast"),
+    ],
 )
 def test_bad_compressor_specs_fail_with_the_field_and_the_allowed_values(spec, fragment):
     with pytest.raises(ValueError) as info:

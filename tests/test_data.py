@@ -30,7 +30,10 @@ def test_named_validation_documents_are_held_out(data_cache):
 
 def test_play_markdown_is_stripped():
     text = "# Macbeth\n\n## ACT I\n\n_Thunder. Enter Witches_\n\n**First Witch**  \nWhen shall we three meet again  \n"
-    assert strip_play_markdown(text) == "Macbeth\n\nACT I\n\nThunder. Enter Witches\n\nFirst Witch\nWhen shall we three meet again\n"
+    assert (
+        strip_play_markdown(text)
+        == "Macbeth\n\nACT I\n\nThunder. Enter Witches\n\nFirst Witch\nWhen shall we three meet again\n"
+    )
 
 
 def test_datamodule_blocks_are_shifted_next_token_pairs(smoke_datamodule):
@@ -77,12 +80,19 @@ def test_user_text_files_and_char_tokenizer(tmp_path):
     for i, word in enumerate(["alpha", "beta", "gamma", "delta"]):
         (tmp_path / f"{word}.txt").write_text((f"{word} {i} " * 200).strip())
     dm = TextDataModule(
-        corpus="text_files", text_files=[str(tmp_path / "*.txt")], tokenizer="char",
-        val_documents=["delta.txt"], block_size=32, batch_size=4, cache_dir=str(tmp_path / "cache"),
+        corpus="text_files",
+        text_files=[str(tmp_path / "*.txt")],
+        tokenizer="char",
+        val_documents=["delta.txt"],
+        block_size=32,
+        batch_size=4,
+        cache_dir=str(tmp_path / "cache"),
     )
     dm.setup()
     assert [d.name for d in dm.split.validation] == ["delta.txt"]
-    assert dm.vocab_size == 2 + len(set("".join(f"{w} {i} " for i, w in enumerate(["alpha", "beta", "gamma"]))))
+    assert dm.vocab_size == 2 + len(
+        set("".join(f"{w} {i} " for i, w in enumerate(["alpha", "beta", "gamma"])))
+    )
     # characters never seen in training ('d', '3') become <unk>; the others round-trip
     ids = dm.val_set[0]["input_ids"].tolist()
     assert dm.tokenizer.unk_id in ids
@@ -95,8 +105,13 @@ def test_local_hf_dataset_directory(tmp_path):
     rows = {"text": [f"story number {i}. " * 100 for i in range(6)], "name": [f"story{i}" for i in range(6)]}
     datasets.Dataset.from_dict(rows).save_to_disk(str(tmp_path / "ds"))
     dm = TextDataModule(
-        corpus="hf_dataset", hf_dataset_dir=str(tmp_path / "ds"), tokenizer="char", val_fraction=0.34,
-        block_size=16, batch_size=2, cache_dir=str(tmp_path / "cache"),
+        corpus="hf_dataset",
+        hf_dataset_dir=str(tmp_path / "ds"),
+        tokenizer="char",
+        val_fraction=0.34,
+        block_size=16,
+        batch_size=2,
+        cache_dir=str(tmp_path / "cache"),
     )
     dm.setup()
     names = [d.name for d in dm.split.validation]

@@ -47,14 +47,16 @@ def run_to_end(args: list[str], cwd: Path) -> None:
 def interrupt(args: list[str], cwd: Path, ready, sig: int, timeout: float = 600) -> int:
     """Start the command in its own process group, wait until ``ready()``, send ``sig`` to the
     whole group and return the exit code."""
-    log = open(cwd / f"interrupted-{sig}.log", "w")
+    log = open(cwd / f"interrupted-{sig}.log", "w")  # noqa: SIM115 (closed in the finally below)
     proc = subprocess.Popen(_cli(args), cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.time() + timeout
     try:
         while not ready():
             if proc.poll() is not None:
-                pytest.fail(f"the command ended (code {proc.returncode}) before it could be interrupted: "
-                            + (cwd / f"interrupted-{sig}.log").read_text()[-2000:])
+                pytest.fail(
+                    f"the command ended (code {proc.returncode}) before it could be interrupted: "
+                    + (cwd / f"interrupted-{sig}.log").read_text()[-2000:]
+                )
             if time.time() > deadline:
                 pytest.fail("the command never reached the point of interruption")
             time.sleep(0.2)
@@ -91,8 +93,18 @@ def _results(folder: Path) -> list[Path]:
 
 
 def _clapping_numbers(table: dict) -> list[tuple]:
-    return [(r["method"], r["compressor"], r["p"], r["val_loss"], r["bytes_total"], r["compression_ratio"],
-             r["buffer_bytes_max_rank"]) for r in table["rows"]]
+    return [
+        (
+            r["method"],
+            r["compressor"],
+            r["p"],
+            r["val_loss"],
+            r["bytes_total"],
+            r["compression_ratio"],
+            r["buffer_bytes_max_rank"],
+        )
+        for r in table["rows"]
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -127,11 +139,25 @@ def test_an_interrupted_coverage_profile_resumes_to_the_same_profile(tmp_path, d
     config = tmp_path / "smoke.yaml"
     text = (MODELS / "smoke" / "gpt_mha.yaml").read_text()
     config.write_text(text.replace("  shuffle_seed: 0\n", f"  shuffle_seed: 0\n  cache_dir: {data_cache}\n"))
-    common = ["profile", "coverage", "--config", str(config), "--steps", "6", "--eval-every", "3", "--last-n", "2",
-              "--seeds", "0"]
+    common = [
+        "profile",
+        "coverage",
+        "--config",
+        str(config),
+        "--steps",
+        "6",
+        "--eval-every",
+        "3",
+        "--last-n",
+        "2",
+        "--seeds",
+        "0",
+    ]
     run_to_end([*common, "--out", "whole.json"], tmp_path)
     runs = tmp_path / "cut.json.runs"
-    code = interrupt([*common, "--out", "cut.json"], tmp_path, lambda: len(list(runs.glob("*.json"))) >= 1, signal.SIGKILL)
+    code = interrupt(
+        [*common, "--out", "cut.json"], tmp_path, lambda: len(list(runs.glob("*.json"))) >= 1, signal.SIGKILL
+    )
     assert code != 0 and not (tmp_path / "cut.json").exists()
     run_to_end([*common, "--out", "cut.json"], tmp_path)
     whole = json.loads((tmp_path / "whole.json").read_text())

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import MODELS, REPO_ROOT
 from repro.dataclass_docs import field_comments
+
+from conftest import MODELS, REPO_ROOT
 
 PACKAGE = REPO_ROOT / "repro"
 README = (REPO_ROOT / "README.md").read_text()
@@ -29,8 +30,11 @@ LAYERS = [
     {"repro.cli", "repro"},
 ]
 # allowed between siblings of one layer (a plain-torch model split needs the plain GPT)
-SIBLINGS = {("repro.pipeline", "repro.models"), ("repro.pipeline.lightning", "repro.data"),
-            ("repro.lit", "repro.pipeline.lightning")}
+SIBLINGS = {
+    ("repro.pipeline", "repro.models"),
+    ("repro.pipeline.lightning", "repro.data"),
+    ("repro.lit", "repro.pipeline.lightning"),
+}
 
 
 def module_name(path: Path) -> str:
@@ -55,8 +59,13 @@ def imports_of(path: Path) -> list[tuple[str, int]]:
             else:
                 target = node.module or ""
             if target.startswith("repro"):
-                submodules = [target + "." + a.name for a in node.names
-                              if (PACKAGE.parent / (target + "." + a.name).replace(".", "/")).with_suffix(".py").is_file()]
+                submodules = [
+                    target + "." + a.name
+                    for a in node.names
+                    if (PACKAGE.parent / (target + "." + a.name).replace(".", "/"))
+                    .with_suffix(".py")
+                    .is_file()
+                ]
                 # `from .pkg import module` loads the module (the package is already loading), not __init__ again
                 out += [(m, node.lineno) for m in submodules] or [(target, node.lineno)]
     return out
@@ -143,12 +152,17 @@ def test_lightning_private_api_is_imported_only_by_the_compat_module():
     wrong = []
     for path in PACKAGE.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("lightning", "pytorch_lightning",
-                                                                                          "lightning_fabric"):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in (
+                "lightning",
+                "pytorch_lightning",
+                "lightning_fabric",
+            ):
                 private = [a.name for a in node.names if a.name.startswith("_")]
                 private += [part for part in node.module.split(".") if part.startswith("_")]
                 if private and path != compat:
-                    wrong.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno} imports {private} from {node.module}")
+                    wrong.append(
+                        f"{path.relative_to(REPO_ROOT)}:{node.lineno} imports {private} from {node.module}"
+                    )
     assert not wrong, "private Lightning imports outside compat.py:\n" + "\n".join(wrong)
 
 
@@ -159,8 +173,11 @@ def test_the_private_lightning_symbols_the_compat_module_needs_exist():
 
 
 def test_no_module_is_much_longer_than_300_lines():
-    long = {str(p.relative_to(REPO_ROOT)): n for p in PACKAGE.rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > 400}
+    long = {
+        str(p.relative_to(REPO_ROOT)): n
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 400
+    }
     assert not long, long
 
 
@@ -172,10 +189,16 @@ def readme_layout() -> str:
 
 def test_the_readme_layout_names_every_package_and_module():
     layout = readme_layout()
-    missing = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
-               if p.name != "__init__.py" and p.stem not in layout]
-    missing += [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("__init__.py")
-                if p.parent != PACKAGE and f"{p.parent.name}/" not in layout]
+    missing = [
+        str(p.relative_to(PACKAGE))
+        for p in PACKAGE.rglob("*.py")
+        if p.name != "__init__.py" and p.stem not in layout
+    ]
+    missing += [
+        str(p.relative_to(PACKAGE))
+        for p in PACKAGE.rglob("__init__.py")
+        if p.parent != PACKAGE and f"{p.parent.name}/" not in layout
+    ]
     assert not missing, f"README layout does not mention {missing}"
     named = set(re.findall(r"\b([a-z_0-9]+)\.py\b", layout))
     existing = {p.stem for p in REPO_ROOT.rglob("*.py") if ".venv" not in p.parts}
@@ -186,8 +209,11 @@ def test_every_config_path_in_the_readme_exists():
     paths = set(re.findall(r"paper_configs/[A-Za-z0-9_/.<>{},|-]+\.yaml", README))
     from repro.paths import MOVED
 
-    missing = [p for p in sorted(paths)
-               if "<" not in p and "{" not in p and not (REPO_ROOT / p).is_file() and p not in MOVED]
+    missing = [
+        p
+        for p in sorted(paths)
+        if "<" not in p and "{" not in p and not (REPO_ROOT / p).is_file() and p not in MOVED
+    ]
     assert not missing, f"README names config files that do not exist: {missing}"
 
 
@@ -195,22 +221,29 @@ def test_every_strategy_option_is_in_the_pipeline_config_and_the_readme():
     from repro.pipeline.options import PipelineOptions
 
     options = [f.name for f in dataclasses.fields(PipelineOptions) if f.init]
-    listed = yaml.safe_load((MODELS / "smoke" / "pipeline.yaml").read_text())["trainer"]["strategy"]["init_args"]
+    listed = yaml.safe_load((MODELS / "smoke" / "pipeline.yaml").read_text())["trainer"]["strategy"][
+        "init_args"
+    ]
     assert set(listed) == set(options)
-    table = "\n".join(line for line in README.split("**Options**", 1)[1].splitlines()[:40] if line.startswith("| `"))
+    table = "\n".join(
+        line for line in README.split("**Options**", 1)[1].splitlines()[:40] if line.startswith("| `")
+    )
     missing = [name for name in options if f"`{name}`" not in table]
     assert not missing, f"README options table lacks {missing}"
     assert set(field_comments(PipelineOptions)) >= set(options)
 
 
-@pytest.mark.parametrize("module, cls", [
-    ("repro.experiments.table1.settings", "Table1Settings"),
-    ("repro.experiments.clapping.settings", "ClappingSettings"),
-    ("repro.experiments.bench.settings", "BenchSettings"),
-    ("repro.pipeline.options", "PipelineOptions"),
-    ("repro.lit.gpt_module", "OptimConfig"),
-    ("repro.models.config", "GPTConfig"),
-])
+@pytest.mark.parametrize(
+    "module, cls",
+    [
+        ("repro.experiments.table1.settings", "Table1Settings"),
+        ("repro.experiments.clapping.settings", "ClappingSettings"),
+        ("repro.experiments.bench.settings", "BenchSettings"),
+        ("repro.pipeline.options", "PipelineOptions"),
+        ("repro.lit.gpt_module", "OptimConfig"),
+        ("repro.models.config", "GPTConfig"),
+    ],
+)
 def test_every_option_has_a_one_line_comment(module, cls):
     import importlib
 

@@ -36,10 +36,12 @@ def _inject(module, where: str, step: int) -> None:
     if where == "fwd":  # block 1 lives on stage 1 of 4: its output is the message to stage 2
         blocks[1].register_forward_hook(_hook_at_step(module, step, lambda y: y * INF))
     elif where == "bwd":  # the gradient stage 2 sends back to stage 1
+
         def grad_hook(mod, grad_input, grad_output):
             trainer = module._trainer
             if trainer.global_step == step:
                 return (grad_input[0] * INF,)
+
         blocks[2].register_full_backward_hook(grad_hook)
     elif where == "loss":  # the head's logits (last stage)
         module.model.lm_head.register_forward_hook(_hook_at_step(module, step, lambda y: y * float("nan")))
@@ -47,19 +49,34 @@ def _inject(module, where: str, step: int) -> None:
         blocks[0].register_forward_hook(_hook_at_step(module, step, lambda y: y * 1e6))
 
 
-@pytest.mark.parametrize("where, options, expected", [
-    ("fwd", {}, "the fwd message (activations) of boundary 1, stage 1 -> 2"),
-    ("bwd", {}, "the bwd message (gradients) of boundary 1, stage 2 -> 1"),
-    ("loss", {}, "the loss (stage 3)"),
-    ("overflow", {"method": "direct", "fwd_compressor": "fp16", "bwd_compressor": "fp16"},
-     "the fwd message (activations) of boundary 0, stage 0 -> 1"),
-])
-def test_a_nonfinite_message_or_loss_stops_training_naming_step_boundary_direction(where, options, expected, corpus, tmp_path):
+@pytest.mark.parametrize(
+    "where, options, expected",
+    [
+        ("fwd", {}, "the fwd message (activations) of boundary 1, stage 1 -> 2"),
+        ("bwd", {}, "the bwd message (gradients) of boundary 1, stage 2 -> 1"),
+        ("loss", {}, "the loss (stage 3)"),
+        (
+            "overflow",
+            {"method": "direct", "fwd_compressor": "fp16", "bwd_compressor": "fp16"},
+            "the fwd message (activations) of boundary 0, stage 0 -> 1",
+        ),
+    ],
+)
+def test_a_nonfinite_message_or_loss_stops_training_naming_step_boundary_direction(
+    where, options, expected, corpus, tmp_path
+):
     module = make_module()
     _inject(module, where, step=2)
     start = time.perf_counter()
     with pytest.raises(Exception) as info:
-        fit(tmp_path, make_dm(corpus, tmp_path / "c"), module, pipeline(4, timeout_s=30, **options), steps=5, devices=4)
+        fit(
+            tmp_path,
+            make_dm(corpus, tmp_path / "c"),
+            module,
+            pipeline(4, timeout_s=30, **options),
+            steps=5,
+            devices=4,
+        )
     message = str(info.value)
     assert "non-finite values (NaN or inf) at training step 2" in message, message
     assert expected in message, message
@@ -85,15 +102,30 @@ class ParamDigests(L.Callback):
 def test_skip_mode_drops_the_step_and_restores_the_buffers(method, corpus, tmp_path):
     module = make_module(n_layer=2)
     module.model.blocks[0].register_forward_hook(_hook_at_step(module, 2, lambda y: y * float("nan")))
-    records = fit(tmp_path, make_dm(corpus, tmp_path / "c"), module,
-                  pipeline(2, method=method, fwd_compressor="quant(4)", bwd_compressor="quant(8)", p=0.5,
-                           warmup_epochs=0, nonfinite="skip"),
-                  steps=5, devices=2, callbacks=[ParamDigests(tmp_path / "records")])
+    records = fit(
+        tmp_path,
+        make_dm(corpus, tmp_path / "c"),
+        module,
+        pipeline(
+            2,
+            method=method,
+            fwd_compressor="quant(4)",
+            bwd_compressor="quant(8)",
+            p=0.5,
+            warmup_epochs=0,
+            nonfinite="skip",
+        ),
+        steps=5,
+        devices=2,
+        callbacks=[ParamDigests(tmp_path / "records")],
+    )
     for rank, rec in enumerate(records):
         assert rec["totals"]["skipped_steps"] == 1
         assert rec["metrics"]["pipe/skipped_steps"] == 1
         losses = rec["losses"]
-        assert not torch.isfinite(torch.tensor(losses[2])) and all(torch.isfinite(torch.tensor(losses[i])) for i in (0, 1, 3, 4))
+        assert not torch.isfinite(torch.tensor(losses[2])) and all(
+            torch.isfinite(torch.tensor(losses[i])) for i in (0, 1, 3, 4)
+        )
         params = torch.load(tmp_path / "records" / f"params{rank}.pt")
         assert params[2] == params[1] and params[3] != params[2]  # step 2 changed no parameter; step 3 did
         assert rec["digests"][2] == rec["digests"][1]  # the codec buffers are as before step 2
@@ -116,8 +148,15 @@ def test_a_rank_killed_with_sigkill_ends_every_rank_naming_it(corpus, tmp_path):
     strategy = pipeline(4, timeout_s=30)
     start = time.perf_counter()
     with pytest.raises(Exception, match=r"rank 2 \(pid \d+\) was killed by signal SIGKILL"):
-        fit(tmp_path, make_dm(corpus, tmp_path / "c"), make_module(), strategy, steps=10, devices=4,
-            callbacks=[KillRank(2, 2)])
+        fit(
+            tmp_path,
+            make_dm(corpus, tmp_path / "c"),
+            make_module(),
+            strategy,
+            steps=10,
+            devices=4,
+            callbacks=[KillRank(2, 2)],
+        )
     assert time.perf_counter() - start < 60
     procs = strategy.launcher.procs
     assert len(procs) == 4
@@ -176,10 +215,18 @@ RESUME_CASES = {
     "none_lazy": dict(method="none", p=0.5),
     "direct": dict(method="direct", fwd_compressor="quant(4)", bwd_compressor="topk(0.2)"),
     "ef21": dict(method="ef21", fwd_compressor="randk(0.3)", bwd_compressor="quant(8)"),
-    "aqsgd": dict(method="aqsgd", fwd_compressor="quant(4)", bwd_compressor="quant(8)", p=0.5, warmup_epochs=0,
-                  aqsgd_checkpoint_buffers=True),
+    "aqsgd": dict(
+        method="aqsgd",
+        fwd_compressor="quant(4)",
+        bwd_compressor="quant(8)",
+        p=0.5,
+        warmup_epochs=0,
+        aqsgd_checkpoint_buffers=True,
+    ),
     "clapping_fc": dict(method="clapping_fc", fwd_compressor="quant(4)", bwd_compressor="quant(8)", p=0.5),
-    "clapping_fu": dict(method="clapping_fu", fwd_compressor="topk(0.1)", bwd_compressor="quant(2,stochastic)", p=0.5),
+    "clapping_fu": dict(
+        method="clapping_fu", fwd_compressor="topk(0.1)", bwd_compressor="quant(2,stochastic)", p=0.5
+    ),
 }
 
 
@@ -195,16 +242,38 @@ def test_every_method_resumes_bitwise(case, corpus, tmp_path):
     dm = make_dm(corpus, tmp_path / "c")
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=3, save_top_k=-1)
     (tmp_path / "a").mkdir()
-    whole = fit(tmp_path / "a", dm, make_module(n_layer=2, optim=optim), pipeline(2, **opts), steps=7, devices=2,
-                callbacks=[ckpt], enable_checkpointing=True, gradient_clip_val=0.5)
+    whole = fit(
+        tmp_path / "a",
+        dm,
+        make_module(n_layer=2, optim=optim),
+        pipeline(2, **opts),
+        steps=7,
+        devices=2,
+        callbacks=[ckpt],
+        enable_checkpointing=True,
+        gradient_clip_val=0.5,
+    )
     (tmp_path / "b").mkdir()
     out = tmp_path / "b" / "records"
     out.mkdir()
     L.seed_everything(123, verbose=False)  # a different seed: nothing may depend on it after a resume
-    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=pipeline(2, **opts), max_steps=7, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        num_sanity_val_steps=0, limit_val_batches=0, gradient_clip_val=0.5, callbacks=[Recorder(out)])
-    trainer.fit(make_module(n_layer=2, optim=optim), dm, ckpt_path=str(tmp_path / "ckpts" / "epoch=0-step=3.ckpt"))
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=pipeline(2, **opts),
+        max_steps=7,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        gradient_clip_val=0.5,
+        callbacks=[Recorder(out)],
+    )
+    trainer.fit(
+        make_module(n_layer=2, optim=optim), dm, ckpt_path=str(tmp_path / "ckpts" / "epoch=0-step=3.ckpt")
+    )
     for rank in range(2):
         resumed = torch.load(out / f"rank{rank}.pt")
         assert resumed["losses"] == whole[rank]["losses"][3:]  # bitwise

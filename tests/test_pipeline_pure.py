@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from repro.data.sampler import LazyBatchSampler
-from repro.pipeline.compressors import build_compressor
 from repro.pipeline.codecs import ChannelCodec, MessageContext
+from repro.pipeline.compressors import build_compressor
 from repro.pipeline.options import PipelineOptions
 from repro.pipeline.sample_buffers import SampleBuffers
 from repro.pipeline.schedule import stage_schedule
@@ -29,7 +29,11 @@ def _simulate(name: str, k: int, m: int) -> int:
             if not queues[s]:
                 continue
             kind, i = queues[s][0]
-            ready = (s == 0 or i in done_f[s - 1]) if kind == "F" else (i in done_f[s] and (s == k - 1 or i in done_b[s + 1]))
+            ready = (
+                (s == 0 or i in done_f[s - 1])
+                if kind == "F"
+                else (i in done_f[s] and (s == k - 1 or i in done_b[s + 1]))
+            )
             if ready:
                 (done_f if kind == "F" else done_b)[s].add(i)
                 queues[s].pop(0)
@@ -61,9 +65,12 @@ def test_1f1b_keeps_at_most_k_minus_stage_micro_batches_in_flight(k, m):
             in_flight += 1 if kind == "F" else -1
             peak = max(peak, in_flight)
         assert peak == min(k - s, m)
-    assert max(  # GPipe holds all M
-        sum(1 for kind, _ in stage_schedule("gpipe", 0, k, m)[:i] if kind == "F") for i in range(2 * m)
-    ) == m
+    assert (
+        max(  # GPipe holds all M
+            sum(1 for kind, _ in stage_schedule("gpipe", 0, k, m)[:i] if kind == "F") for i in range(2 * m)
+        )
+        == m
+    )
 
 
 def test_layers_are_split_evenly_or_as_listed_and_bad_splits_fail():
@@ -125,7 +132,10 @@ def test_lazy_sampler_rejects_p_outside_zero_one(p):
 def _pair(method, spec, direction="fwd", n_samples=16):
     comp = build_compressor(spec)
     bufs = (SampleBuffers(n_samples), SampleBuffers(n_samples)) if method == "aqsgd" else (None, None)
-    return (ChannelCodec(method, comp, 0, direction, 5, bufs[0]), ChannelCodec(method, comp, 0, direction, 5, bufs[1]))
+    return (
+        ChannelCodec(method, comp, 0, direction, 5, bufs[0]),
+        ChannelCodec(method, comp, 0, direction, 5, bufs[1]),
+    )
 
 
 def _exchange(sender, receiver, x, slot, ctx):

@@ -15,20 +15,28 @@ from torch.utils.data import DataLoader
 from repro.data import TextDataModule
 from repro.lit import GPTLightningModule
 from repro.models import GPTConfig
-from repro.pipeline.lightning import ClappingStrategy
 from repro.pipeline.compressors import build_compressor
+from repro.pipeline.lightning import ClappingStrategy
 from repro.pipeline.stage_parts import StageParts
 
 
 def make_dm(corpus: Path, cache: Path, batch_size: int = 8) -> TextDataModule:
     return TextDataModule(
-        corpus="text_files", text_files=[str(corpus / "*.txt")], tokenizer="char", block_size=32,
-        batch_size=batch_size, max_val_blocks=16, val_fraction=0.2, cache_dir=str(cache),
+        corpus="text_files",
+        text_files=[str(corpus / "*.txt")],
+        tokenizer="char",
+        block_size=32,
+        batch_size=batch_size,
+        max_val_blocks=16,
+        val_fraction=0.2,
+        cache_dir=str(cache),
     )
 
 
 def make_module(n_layer: int = 4, vocab: int = 64, optim: dict | None = None) -> GPTLightningModule:
-    cfg = GPTConfig(n_layer=n_layer, n_embd=32, n_head=2, rope_dims=[8] * n_layer, vocab_size=vocab, block_size=32)
+    cfg = GPTConfig(
+        n_layer=n_layer, n_embd=32, n_head=2, rope_dims=[8] * n_layer, vocab_size=vocab, block_size=32
+    )
     return GPTLightningModule(cfg, optim or {"lr": 1e-2, "warmup_steps": 0, "schedule": "constant"})
 
 
@@ -42,7 +50,11 @@ class Recorder(L.Callback):
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         if self.grads:
             self.grad_steps.append(
-                {n: p.grad.detach().clone() for n, p in pl_module.named_parameters() if p.numel() and p.grad is not None}
+                {
+                    n: p.grad.detach().clone()
+                    for n, p in pl_module.named_parameters()
+                    if p.numel() and p.grad is not None
+                }
             )
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -54,8 +66,11 @@ class Recorder(L.Callback):
         record = {"losses": self.losses, "grads": self.grad_steps, "digests": self.digests}
         s = trainer.strategy
         if isinstance(s, ClappingStrategy):
-            record.update(sent=dict(s.runner.links.counters.bytes_sent), totals=s.totals.state_dict(),
-                          metrics={k: float(v) for k, v in trainer.callback_metrics.items()})
+            record.update(
+                sent=dict(s.runner.links.counters.bytes_sent),
+                totals=s.totals.state_dict(),
+                metrics={k: float(v) for k, v in trainer.callback_metrics.items()},
+            )
         torch.save(record, self.out / f"rank{trainer.global_rank}.pt")
 
 
@@ -66,9 +81,17 @@ def fit(tmp_path, dm, module, strategy, steps=4, callbacks=(), **trainer_kwargs)
     devices = trainer_kwargs.pop("devices", None)
     ckpt_path = trainer_kwargs.pop("ckpt_path", None)
     trainer = L.Trainer(
-        accelerator="cpu", devices=devices or 1, strategy=strategy, max_steps=steps, logger=False,
-        enable_checkpointing=trainer_kwargs.pop("enable_checkpointing", False), enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0, limit_val_batches=trainer_kwargs.pop("limit_val_batches", 0), callbacks=[Recorder(out, grads=True), *callbacks],
+        accelerator="cpu",
+        devices=devices or 1,
+        strategy=strategy,
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=trainer_kwargs.pop("enable_checkpointing", False),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=trainer_kwargs.pop("limit_val_batches", 0),
+        callbacks=[Recorder(out, grads=True), *callbacks],
         **trainer_kwargs,
     )
     trainer.fit(module, dm, ckpt_path=ckpt_path)
@@ -85,18 +108,29 @@ def pipeline(devices: int, **kwargs) -> ClappingStrategy:
 @pytest.fixture(scope="module")
 def single_process_reference(corpus, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("reference")
-    dm = make_dm(corpus, tmp / "c")  # the datamodule's own loader: the same batches as the pipeline's at p = 1
+    dm = make_dm(
+        corpus, tmp / "c"
+    )  # the datamodule's own loader: the same batches as the pipeline's at p = 1
     L.seed_everything(0, verbose=False)
     module = make_module()
     return fit(tmp, dm, module, "auto", steps=4, gradient_clip_val=0.5)[0]
 
 
 @pytest.mark.parametrize("k, schedule", [(2, "gpipe"), (4, "gpipe"), (4, "1f1b")])
-def test_none_identity_through_k_stages_matches_one_process(k, schedule, corpus, tmp_path, single_process_reference):
+def test_none_identity_through_k_stages_matches_one_process(
+    k, schedule, corpus, tmp_path, single_process_reference
+):
     L.seed_everything(0, verbose=False)
     module = make_module()
-    records = fit(tmp_path, make_dm(corpus, tmp_path / "c"), module, pipeline(k, schedule=schedule),
-                  steps=4, devices=k, gradient_clip_val=0.5)
+    records = fit(
+        tmp_path,
+        make_dm(corpus, tmp_path / "c"),
+        module,
+        pipeline(k, schedule=schedule),
+        steps=4,
+        devices=k,
+        gradient_clip_val=0.5,
+    )
     ref = single_process_reference
     assert len(records) == k
     for rec in records:  # every rank logs the same loss
@@ -114,10 +148,22 @@ def test_none_identity_through_k_stages_matches_one_process(k, schedule, corpus,
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_clapping_buffers_are_bit_identical_and_logged_bytes_are_the_bytes_sent(schedule, corpus, tmp_path):
     k = 3
-    records = fit(tmp_path, make_dm(corpus, tmp_path / "c"), make_module(n_layer=3),
-                  pipeline(k, method="clapping_fc", fwd_compressor="quant(4)", bwd_compressor="topk(0.1)", p=0.5,
-                           schedule=schedule, bandwidth_mbps=50.0),
-                  steps=5, devices=k)
+    records = fit(
+        tmp_path,
+        make_dm(corpus, tmp_path / "c"),
+        make_module(n_layer=3),
+        pipeline(
+            k,
+            method="clapping_fc",
+            fwd_compressor="quant(4)",
+            bwd_compressor="topk(0.1)",
+            p=0.5,
+            schedule=schedule,
+            bandwidth_mbps=50.0,
+        ),
+        steps=5,
+        devices=k,
+    )
     for step in range(5):
         for b in range(k - 1):
             for direction, (snd, rcv) in {"fwd": (b, b + 1), "bwd": (b + 1, b)}.items():
@@ -125,8 +171,10 @@ def test_clapping_buffers_are_bit_identical_and_logged_bytes_are_the_bytes_sent(
                 recv = records[rcv]["digests"][step][f"b{b}_{direction}_recv"]
                 assert send == recv
     shape, dtype = (4, 32, 32), torch.float32  # micro-batch x block x n_embd
-    per_message = {"fwd": build_compressor("quant(4)").payload_nbytes(shape, dtype),
-                   "bwd": build_compressor("topk(0.1)").payload_nbytes(shape, dtype)}
+    per_message = {
+        "fwd": build_compressor("quant(4)").payload_nbytes(shape, dtype),
+        "bwd": build_compressor("topk(0.1)").payload_nbytes(shape, dtype),
+    }
     totals = records[0]["totals"]
     for b in range(k - 1):
         sent_fwd = records[b]["sent"]["fwd"]
@@ -134,17 +182,31 @@ def test_clapping_buffers_are_bit_identical_and_logged_bytes_are_the_bytes_sent(
         assert totals["bytes"][f"b{b}_fwd"] == sent_fwd == 5 * 2 * per_message["fwd"]
         assert totals["bytes"][f"b{b}_bwd"] == sent_bwd == 5 * 2 * per_message["bwd"]
     raw = 5 * 2 * 4 * 32 * 32 * 4 * 2 * (k - 1)
-    assert records[0]["metrics"]["pipe/compression_ratio"] == pytest.approx(sum(totals["bytes"].values()) / raw)
+    assert records[0]["metrics"]["pipe/compression_ratio"] == pytest.approx(
+        sum(totals["bytes"].values()) / raw
+    )
     assert all(r["metrics"]["pipe/buffer_bytes/rank0"] == 2 * 2 * 4 * 32 * 32 * 4 for r in records)
-    for rank, rec in enumerate(records):  # each send waited bytes * 8 / bandwidth (payloads only; headers are free)
+    for rank, rec in enumerate(
+        records
+    ):  # each send waited bytes * 8 / bandwidth (payloads only; headers are free)
         sent = rec["sent"]["fwd"] + rec["sent"]["bwd"]
-        assert records[0]["metrics"][f"pipe/net_time_s/rank{rank}"] == pytest.approx(sent * 8 / 50e6, rel=1e-6)
+        assert records[0]["metrics"][f"pipe/net_time_s/rank{rank}"] == pytest.approx(
+            sent * 8 / 50e6, rel=1e-6
+        )
 
 
-@pytest.mark.parametrize("method, fwd, bwd", [("clapping_fc", "quant(4)", "quant(8)"), ("clapping_fu", "topk(0.1)", "topk(0.1)")])
+@pytest.mark.parametrize(
+    "method, fwd, bwd", [("clapping_fc", "quant(4)", "quant(8)"), ("clapping_fu", "topk(0.1)", "topk(0.1)")]
+)
 def test_clapping_trains_the_model_well_below_its_starting_loss(method, fwd, bwd, corpus, tmp_path):
-    records = fit(tmp_path, make_dm(corpus, tmp_path / "c"), make_module(), 
-                  pipeline(4, method=method, fwd_compressor=fwd, bwd_compressor=bwd, p=0.5), steps=40, devices=4)
+    records = fit(
+        tmp_path,
+        make_dm(corpus, tmp_path / "c"),
+        make_module(),
+        pipeline(4, method=method, fwd_compressor=fwd, bwd_compressor=bwd, p=0.5),
+        steps=40,
+        devices=4,
+    )
     losses = records[0]["losses"]
     assert sum(losses[-5:]) / 5 < losses[0] - 1.0, losses
 
@@ -155,18 +217,32 @@ def test_checkpoint_holds_the_full_model_every_stage_and_the_sampler(corpus, tmp
 
     final = FinalCheckpoint("final.ckpt")
     dm = make_dm(corpus, tmp_path / "c")
-    records = fit(tmp_path, dm, make_module(), pipeline(2, method="clapping_fc", fwd_compressor="quant(4)",
-                  bwd_compressor="quant(8)", p=0.5), steps=3, devices=2, callbacks=[final],
-                  default_root_dir=str(tmp_path), limit_val_batches=2, val_check_interval=3)
+    records = fit(
+        tmp_path,
+        dm,
+        make_module(),
+        pipeline(2, method="clapping_fc", fwd_compressor="quant(4)", bwd_compressor="quant(8)", p=0.5),
+        steps=3,
+        devices=2,
+        callbacks=[final],
+        default_root_dir=str(tmp_path),
+        limit_val_batches=2,
+        val_check_interval=3,
+    )
     path = tmp_path / "checkpoints" / "final.ckpt"
     ckpt = torch.load(path, weights_only=False)
     state = ckpt["clapping"]
     assert state["steps_done"] == 3 and state["sampler"]["step"] == 3 and state["sampler"]["p"] == 0.5
     assert len(ckpt["optimizer_states"][0]["pipeline_stages"]) == 2
-    assert set(state["codecs"][0]) == {"fwd:send", "bwd:recv"} and set(state["codecs"][1]) == {"fwd:recv", "bwd:send"}
+    assert set(state["codecs"][0]) == {"fwd:send", "bwd:recv"} and set(state["codecs"][1]) == {
+        "fwd:recv",
+        "bwd:send",
+    }
     full = GPTLightningModule.load_from_checkpoint(path)  # a single-process module takes the whole model
     assert all(v.numel() > 0 for v in full.state_dict().values())
-    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, limit_val_batches=2)
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, limit_val_batches=2
+    )
     metrics = trainer.validate(full, dm, verbose=False)[0]
     # validation through the pipeline (exact messages) = validation of the same weights in one process
     assert metrics["val/loss"] == pytest.approx(records[0]["metrics"]["val/loss"], rel=1e-5)
@@ -183,8 +259,15 @@ class FailOnRank(L.Callback):
 def test_an_error_on_one_rank_ends_every_rank_with_its_message(corpus, tmp_path):
     start = time.perf_counter()
     with pytest.raises(Exception, match="injected failure on rank 1"):
-        fit(tmp_path, make_dm(corpus, tmp_path / "c"), make_module(), pipeline(4, timeout_s=20), steps=10,
-            devices=4, callbacks=[FailOnRank()])
+        fit(
+            tmp_path,
+            make_dm(corpus, tmp_path / "c"),
+            make_module(),
+            pipeline(4, timeout_s=20),
+            steps=10,
+            devices=4,
+            callbacks=[FailOnRank()],
+        )
     assert time.perf_counter() - start < 60
 
 
@@ -196,10 +279,18 @@ def test_an_error_on_one_rank_ends_every_rank_with_its_message(corpus, tmp_path)
         (2, {"micro_batches": 3}, {}, "does not divide into 3"),
     ],
 )
-def test_bad_pipeline_setups_fail_before_training(devices, strategy_kwargs, module_kwargs, fragment, corpus, tmp_path):
+def test_bad_pipeline_setups_fail_before_training(
+    devices, strategy_kwargs, module_kwargs, fragment, corpus, tmp_path
+):
     with pytest.raises(Exception, match=fragment):
-        fit(tmp_path, make_dm(corpus, tmp_path / "c"), make_module(**module_kwargs), pipeline(devices, **strategy_kwargs),
-            steps=2, devices=devices)
+        fit(
+            tmp_path,
+            make_dm(corpus, tmp_path / "c"),
+            make_module(**module_kwargs),
+            pipeline(devices, **strategy_kwargs),
+            steps=2,
+            devices=devices,
+        )
 
 
 class PlainModule(L.LightningModule):
@@ -219,8 +310,15 @@ class PlainModule(L.LightningModule):
 
 def test_a_module_without_the_stage_protocol_is_refused(tmp_path):
     with pytest.raises(Exception, match="does not implement the pipeline stage protocol"):
-        trainer = L.Trainer(accelerator="cpu", devices=2, strategy=pipeline(2), max_steps=1, logger=False,
-                            enable_progress_bar=False, enable_checkpointing=False)
+        trainer = L.Trainer(
+            accelerator="cpu",
+            devices=2,
+            strategy=pipeline(2),
+            max_steps=1,
+            logger=False,
+            enable_progress_bar=False,
+            enable_checkpointing=False,
+        )
         trainer.fit(PlainModule())
 
 
@@ -231,18 +329,38 @@ def test_clapping_resumes_from_a_checkpoint_to_the_same_losses(corpus, tmp_path)
     dm = make_dm(corpus, tmp_path / "c")
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=3, save_top_k=-1)
     (tmp_path / "a").mkdir()
-    whole = fit(tmp_path / "a", dm, make_module(optim={"name": "sgd", "lr": 0.05, "warmup_steps": 0}),
-                pipeline(2, **opts), steps=6, devices=2, callbacks=[ckpt], enable_checkpointing=True)[0]["losses"]
+    whole = fit(
+        tmp_path / "a",
+        dm,
+        make_module(optim={"name": "sgd", "lr": 0.05, "warmup_steps": 0}),
+        pipeline(2, **opts),
+        steps=6,
+        devices=2,
+        callbacks=[ckpt],
+        enable_checkpointing=True,
+    )[0]["losses"]
     first_half = tmp_path / "ckpts" / "epoch=0-step=3.ckpt"
     assert first_half.exists()
     (tmp_path / "b").mkdir()
     out = tmp_path / "b" / "records"
     out.mkdir()
     L.seed_everything(0, verbose=False)
-    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=pipeline(2, **opts), max_steps=6, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        num_sanity_val_steps=0, limit_val_batches=0, callbacks=[Recorder(out)])
-    trainer.fit(make_module(optim={"name": "sgd", "lr": 0.05, "warmup_steps": 0}), dm, ckpt_path=str(first_half))
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=pipeline(2, **opts),
+        max_steps=6,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=[Recorder(out)],
+    )
+    trainer.fit(
+        make_module(optim={"name": "sgd", "lr": 0.05, "warmup_steps": 0}), dm, ckpt_path=str(first_half)
+    )
     resumed = torch.load(out / "rank0.pt")["losses"]
     assert resumed == pytest.approx(whole[3:], rel=1e-6, abs=1e-7)
 
@@ -257,7 +375,9 @@ def _silent_neighbour(rank: int, port: int, out: str) -> None:
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=30))
-    links = StageLinks(rank, {"fwd": dist.group.WORLD, "bwd": dist.group.WORLD}, torch.device("cpu"), timeout_s=2)
+    links = StageLinks(
+        rank, {"fwd": dist.group.WORLD, "bwd": dist.group.WORLD}, torch.device("cpu"), timeout_s=2
+    )
     if rank == 1:  # waits for an activation that stage 0 never sends
         start = time.perf_counter()
         try:
@@ -276,8 +396,12 @@ def test_a_receive_whose_sender_never_sends_fails_after_the_timeout_naming_the_s
     import torch.multiprocessing as mp
 
     out = tmp_path / "timeout.txt"
-    mp.start_processes(_silent_neighbour, args=(29000 + random.Random().randrange(2000), str(out)), nprocs=2,
-                       start_method="fork")
+    mp.start_processes(
+        _silent_neighbour,
+        args=(29000 + random.Random().randrange(2000), str(out)),
+        nprocs=2,
+        start_method="fork",
+    )
     seconds, message = out.read_text().split("\n", 1)
     assert 1.5 < float(seconds) < 10
     assert "stage 1: no activation 0 from stage 0 within 2 s" in message
@@ -286,7 +410,7 @@ def test_a_receive_whose_sender_never_sends_fails_after_the_timeout_naming_the_s
 class TinyStages:
     """The stage adapter of TinyModule: a plain torch MLP cut into input layer, hidden layers, output."""
 
-    def __init__(self, module: "TinyModule") -> None:
+    def __init__(self, module: TinyModule) -> None:
         self.module = module
 
     def parts(self) -> StageParts:
@@ -309,7 +433,9 @@ class TinyModule(L.LightningModule):
         super().__init__()
         torch.manual_seed(0)
         self.inp = torch.nn.Linear(4, 8)
-        self.hidden = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()) for _ in range(3))
+        self.hidden = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()) for _ in range(3)
+        )
         self.out = torch.nn.Linear(8, 1)
 
     def pipeline_stages(self) -> TinyStages:
@@ -332,15 +458,25 @@ def tiny_data() -> list[dict]:
 
 
 def test_any_module_with_a_stage_adapter_trains_through_the_pipeline_as_in_one_process(tmp_path):
-    loader = lambda: DataLoader(tiny_data(), batch_size=8, shuffle=True, drop_last=True,
-                                generator=torch.Generator().manual_seed(0))
+    loader = lambda: DataLoader(
+        tiny_data(), batch_size=8, shuffle=True, drop_last=True, generator=torch.Generator().manual_seed(0)
+    )
     out = tmp_path / "records"
     out.mkdir()
     losses = {}
     for name, strategy, devices in (("one", "auto", 1), ("pipe", pipeline(2), 2)):
-        trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_steps=5, logger=False,
-                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                            limit_val_batches=0, callbacks=[Recorder(out)])
+        trainer = L.Trainer(
+            accelerator="cpu",
+            devices=devices,
+            strategy=strategy,
+            max_steps=5,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            limit_val_batches=0,
+            callbacks=[Recorder(out)],
+        )
         trainer.fit(TinyModule(), train_dataloaders=loader())
         losses[name] = torch.load(out / "rank0.pt")["losses"]
     assert losses["pipe"] == pytest.approx(losses["one"], rel=1e-5)

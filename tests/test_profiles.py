@@ -10,15 +10,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import MODELS
 from repro.alloc.budget import default_levels
 from repro.alloc.coverage_profile import CoverageProfileSettings, coverage_benefit_profile, pair_benefits
 from repro.alloc.phase_off_profile import phase_off_values
-from repro.lit.checkpoints import load_checked_model
 from repro.alloc.profile import LayerProfile
+from repro.lit.checkpoints import load_checked_model
 from repro.models import GPTConfig
 from repro.models.gpt import GPT
 from repro.runs.model_config import load_model_config
+
+from conftest import MODELS
 
 
 def batches(vocab: int, n: int = 3, T: int = 32) -> list[dict[str, torch.Tensor]]:
@@ -41,8 +42,11 @@ def test_phase_off_profile_of_a_nope_model_is_exactly_zero():
 
 def test_phase_off_profile_sees_only_rotated_layers():
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=50, block_size=32, n_layer=3, n_embd=32, n_head=2, rope_dims=[16, 0, 16],
-                          init_std=0.2))
+    model = GPT(
+        GPTConfig(
+            vocab_size=50, block_size=32, n_layer=3, n_embd=32, n_head=2, rope_dims=[16, 0, 16], init_std=0.2
+        )
+    )
     values = phase_off_values(model, batches(50))["values"]
     assert values[1] == 0.0  # a NoPE layer has no phase to turn off
     assert values[0] != 0.0 and values[2] != 0.0
@@ -60,7 +64,9 @@ def test_coverage_profile_end_to_end_and_resumable(smoke_run_config, data_cache,
     levels = default_levels(cfg.shape_config())
     profile = coverage_benefit_profile(cfg, levels, settings, tmp_path / "runs", cache_dir=cache)
     run_files = sorted((tmp_path / "runs").glob("*.json"))
-    assert [f.stem for f in run_files] == sorted(f"high-{s}-s{seed}" for seed in (0, 1) for s in ("none", "0", "1", "2"))
+    assert [f.stem for f in run_files] == sorted(
+        f"high-{s}-s{seed}" for seed in (0, 1) for s in ("none", "0", "1", "2")
+    )
     runs = {f.stem: json.loads(f.read_text()) for f in run_files}
     assert all(r["global_step"] == 8 and [s for s, _ in r["val_curve"]] == [4, 8] for r in runs.values())
     widths = {name: r["overrides"]["model.gpt.rope_dims"] for name, r in runs.items()}
@@ -69,7 +75,9 @@ def test_coverage_profile_end_to_end_and_resumable(smoke_run_config, data_cache,
     for seed in ("0", "1"):
         expected = [loss[f"high-none-s{seed}"] - loss[f"high-{layer}-s{seed}"] for layer in range(3)]
         assert profile.per_seed[seed] == pytest.approx(expected)
-    assert profile.values == pytest.approx([(a + b) / 2 for a, b in zip(profile.per_seed["0"], profile.per_seed["1"])])
+    assert profile.values == pytest.approx(
+        [(a + b) / 2 for a, b in zip(profile.per_seed["0"], profile.per_seed["1"])]
+    )
     assert profile.std is not None and profile.meta["runs"] == 8
     # each seed is its own init and data order
     assert runs["high-none-s0"]["val_curve"] != runs["high-none-s1"]["val_curve"]
@@ -88,8 +96,11 @@ def test_coverage_profile_end_to_end_and_resumable(smoke_run_config, data_cache,
     err = capsys.readouterr().err
     assert "high-none-s0: reused" in err and "high-none-s1: reused" in err
     assert "high-0_2-s0: trained" in err and "high-0_2-s1: trained" in err
-    pair_loss = {s: sum(v for _, v in json.loads((tmp_path / "runs" / f"high-0_2-s{s}.json").read_text())["val_curve"]) / 2
-                 for s in ("0", "1")}
+    pair_loss = {
+        s: sum(v for _, v in json.loads((tmp_path / "runs" / f"high-0_2-s{s}.json").read_text())["val_curve"])
+        / 2
+        for s in ("0", "1")
+    }
     expected = sum(loss[f"high-none-s{s}"] - pair_loss[s] for s in ("0", "1")) / 2
     assert pairs[(0, 2)] == pytest.approx(expected)
 
@@ -98,11 +109,15 @@ def test_coverage_profile_end_to_end_and_resumable(smoke_run_config, data_cache,
 def test_grouped_profile_runs_fewer_runs(config, data_cache, tmp_path):
     cfg = load_model_config(MODELS / "smoke" / config)
     settings = CoverageProfileSettings(steps=4, seeds=(0,), eval_every=2, last_n=1, group_size=2)
-    profile = coverage_benefit_profile(cfg, default_levels(cfg.shape_config()), settings, tmp_path,
-                                       cache_dir=str(data_cache))
+    profile = coverage_benefit_profile(
+        cfg, default_levels(cfg.shape_config()), settings, tmp_path, cache_dir=str(data_cache)
+    )
     assert profile.meta["runs"] == 3  # base + ceil(3 / 2) groups
     assert profile.values[0] == profile.values[1]  # the group's benefit spread evenly over its layers
-    widths = {f.stem: json.loads(f.read_text())["overrides"][f"model.gpt.{cfg.width_field}"] for f in tmp_path.glob("*.json")}
+    widths = {
+        f.stem: json.loads(f.read_text())["overrides"][f"model.gpt.{cfg.width_field}"]
+        for f in tmp_path.glob("*.json")
+    }
     assert widths == {"high-none-s0": [4, 4, 4], "high-0_1-s0": [16, 16, 4], "high-2-s0": [4, 4, 16]}
     assert profile.model["attention"] == cfg.shape_config().attention
 
@@ -115,7 +130,9 @@ def test_checkpoint_that_does_not_match_the_config_is_rejected(tmp_path):
     ckpt = {"hyper_parameters": dict(module.hparams), "state_dict": module.state_dict()}
     torch.save(ckpt, tmp_path / "m.ckpt")
     other = GPTConfig(vocab_size=50, block_size=32, n_layer=2, n_embd=32, n_head=4)
-    with pytest.raises(ValueError, match=r"does not match the config's model \(n_head: checkpoint 2 vs config 4\)"):
+    with pytest.raises(
+        ValueError, match=r"does not match the config's model \(n_head: checkpoint 2 vs config 4\)"
+    ):
         load_checked_model(tmp_path / "m.ckpt", other)
     model, _ = load_checked_model(tmp_path / "m.ckpt", gpt)
     assert torch.equal(model.wte.weight, module.model.wte.weight)
@@ -137,15 +154,44 @@ def test_cli_chain_profile_allocate_transfer_account_fit(tmp_path, data_cache):
     smoke, target = str(MODELS / "smoke" / "gpt_mha.yaml"), str(MODELS / "smoke" / "gpt_mha_6_layers.yaml")
     # point the configs' data cache at the session cache (tokenizer trained once)
     for name, src in (("smoke.yaml", smoke), ("smoke_target.yaml", target)):
-        text = Path(src).read_text().replace("  shuffle_seed: 0\n", f"  shuffle_seed: 0\n  cache_dir: {data_cache}\n")
+        text = (
+            Path(src)
+            .read_text()
+            .replace("  shuffle_seed: 0\n", f"  shuffle_seed: 0\n  cache_dir: {data_cache}\n")
+        )
         (tmp_path / name).write_text(text)
     smoke, target = str(tmp_path / "smoke.yaml"), str(tmp_path / "smoke_target.yaml")
 
     steps = [
-        ["profile", "coverage", "--config", smoke, "--steps", "6", "--eval-every", "3", "--last-n", "2", "--seeds", "0", "--out", "cov.json"],
+        [
+            "profile",
+            "coverage",
+            "--config",
+            smoke,
+            "--steps",
+            "6",
+            "--eval-every",
+            "3",
+            "--last-n",
+            "2",
+            "--seeds",
+            "0",
+            "--out",
+            "cov.json",
+        ],
         ["profile", "phase-off", "--config", smoke, "--ref-steps", "6", "--out", "po.json"],
         ["transfer", "--profile", "cov.json", "--config", target, "--out", "tr.json"],
-        ["allocate", "--config", target, "--transferred", "tr.json", "--out", "alloc.json", "--write-configs", "cfgs"],
+        [
+            "allocate",
+            "--config",
+            target,
+            "--transferred",
+            "tr.json",
+            "--out",
+            "alloc.json",
+            "--write-configs",
+            "cfgs",
+        ],
         ["account", "--config", target, "--allocation", "alloc.json", "--out", "acc.json"],
         ["analyze", "--benefit", "cov.json", "--phase-off", "po.json", "--out", "an.json"],
     ]
@@ -159,48 +205,124 @@ def test_cli_chain_profile_allocate_transfer_account_fit(tmp_path, data_cache):
     assert tr.values[0] == pytest.approx(cov.values[0]) and tr.values[-1] == pytest.approx(cov.values[-1])
     allocs = json.loads((tmp_path / "alloc.json").read_text())["allocations"]
     methods = {a["method"] for a in allocs}
-    assert {"transferred", "uniform", "first-k", "last-k", "spaced-k", "random-k", "all-high", "all-low", "nope"} <= methods
-    assert all(sum(a["widths"]) == 6 * 8 for a in allocs if a["budget_matched"])  # mean coverage 0.5 of 16 dims
+    assert {
+        "transferred",
+        "uniform",
+        "first-k",
+        "last-k",
+        "spaced-k",
+        "random-k",
+        "all-high",
+        "all-low",
+        "nope",
+    } <= methods
+    assert all(
+        sum(a["widths"]) == 6 * 8 for a in allocs if a["budget_matched"]
+    )  # mean coverage 0.5 of 16 dims
     acc = json.loads((tmp_path / "acc.json").read_text())["rows"]
     assert {r["method"]: r["total"]["rope_flops"] for r in acc}["nope"] == 0
     analysis = json.loads((tmp_path / "an.json").read_text())
     assert -1.0 <= analysis["phase_off_vs_benefit_spearman"] <= 1.0
 
     transferred = next(a for a in allocs if a["method"] == "transferred")
-    fit = repro(["fit", "--config", "cfgs/smoke_target-transferred.yaml", "--trainer.max_steps=4",
-                 "--trainer.enable_progress_bar=false"], tmp_path)
+    fit = repro(
+        [
+            "fit",
+            "--config",
+            "cfgs/smoke_target-transferred.yaml",
+            "--trainer.max_steps=4",
+            "--trainer.enable_progress_bar=false",
+        ],
+        tmp_path,
+    )
     assert fit.returncode == 0, fit.stderr[-3000:]
-    ckpt = torch.load(tmp_path / "logs/smoke_target-transferred/version_0/checkpoints/final.ckpt", weights_only=False)
+    ckpt = torch.load(
+        tmp_path / "logs/smoke_target-transferred/version_0/checkpoints/final.ckpt", weights_only=False
+    )
     assert ckpt["hyper_parameters"]["gpt"]["rope_dims"] == transferred["widths"]
 
 
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["allocate", "--config", "{smoke_target}", "--method", "profiled", "--benefit", "{three_layer}", "--out", "a.json"],
-         "profile has 3 layers but the model has 6"),
+        (
+            [
+                "allocate",
+                "--config",
+                "{smoke_target}",
+                "--method",
+                "profiled",
+                "--benefit",
+                "{three_layer}",
+                "--out",
+                "a.json",
+            ],
+            "profile has 3 layers but the model has 6",
+        ),
         (["allocate", "--config", "{smoke}", "--budget", "1.5", "--out", "a.json"], r"outside [low, high]"),
-        (["allocate", "--config", "{smoke}", "--high", "0.25", "--low", "0.5", "--out", "a.json"], "must be greater than low"),
-        (["transfer", "--profile", "{three_layer}", "--target-layers", "0", "--out", "t.json"], "at least one layer"),
-        (["allocate", "--config", "{smoke}", "--method", "profiled", "--benefit", "{nan}", "--out", "a.json"], "not finite"),
-        (["allocate", "--config", "{smoke}", "--method", "profiled", "--benefit", "{empty}", "--out", "a.json"], "no layers"),
-        (["profile", "phase-off", "--config", "{smoke}", "--ckpt-path", "{missing}", "--out", "p.json"], "no such file"),
+        (
+            ["allocate", "--config", "{smoke}", "--high", "0.25", "--low", "0.5", "--out", "a.json"],
+            "must be greater than low",
+        ),
+        (
+            ["transfer", "--profile", "{three_layer}", "--target-layers", "0", "--out", "t.json"],
+            "at least one layer",
+        ),
+        (
+            [
+                "allocate",
+                "--config",
+                "{smoke}",
+                "--method",
+                "profiled",
+                "--benefit",
+                "{nan}",
+                "--out",
+                "a.json",
+            ],
+            "not finite",
+        ),
+        (
+            [
+                "allocate",
+                "--config",
+                "{smoke}",
+                "--method",
+                "profiled",
+                "--benefit",
+                "{empty}",
+                "--out",
+                "a.json",
+            ],
+            "no layers",
+        ),
+        (
+            ["profile", "phase-off", "--config", "{smoke}", "--ckpt-path", "{missing}", "--out", "p.json"],
+            "no such file",
+        ),
     ],
 )
 def test_cli_bad_input(args, message, tmp_path):
     LayerProfile("coverage_benefit", [0.1, 0.2, 0.3]).save(tmp_path / "three.json")
     (tmp_path / "nan.json").write_text('{"kind": "coverage_benefit", "values": [0.1, NaN, 0.2]}')
     (tmp_path / "empty.json").write_text('{"kind": "coverage_benefit", "values": []}')
-    subs = {"smoke": str(MODELS / "smoke" / "gpt_mha.yaml"), "smoke_target": str(MODELS / "smoke" / "gpt_mha_6_layers.yaml"),
-            "three_layer": str(tmp_path / "three.json"), "nan": str(tmp_path / "nan.json"),
-            "empty": str(tmp_path / "empty.json"), "missing": str(tmp_path / "missing.ckpt")}
+    subs = {
+        "smoke": str(MODELS / "smoke" / "gpt_mha.yaml"),
+        "smoke_target": str(MODELS / "smoke" / "gpt_mha_6_layers.yaml"),
+        "three_layer": str(tmp_path / "three.json"),
+        "nan": str(tmp_path / "nan.json"),
+        "empty": str(tmp_path / "empty.json"),
+        "missing": str(tmp_path / "missing.ckpt"),
+    }
     out = repro([a.format(**subs) for a in args], tmp_path)
     assert out.returncode == 2
     assert message in out.stderr
     assert not any((tmp_path / f).exists() for f in ("a.json", "t.json", "p.json"))
 
 
-def test_parallel_workers_give_the_same_profile_as_one_process(smoke_run_config, data_cache, tmp_path, monkeypatch):
+def test_parallel_workers_give_the_same_profile_as_one_process(
+    smoke_run_config, data_cache, tmp_path, monkeypatch
+):
     """Runs in 2 spawned single-thread workers: the same result files, bit for bit, as one process with 1 thread."""
     cfg = smoke_run_config
     settings = CoverageProfileSettings(steps=4, seeds=(0,), eval_every=2, last_n=1)
@@ -211,7 +333,9 @@ def test_parallel_workers_give_the_same_profile_as_one_process(smoke_run_config,
         serial = coverage_benefit_profile(cfg, levels, settings, tmp_path / "serial", cache_dir=cache)
     with monkeypatch.context() as m:  # a two-core machine: two workers of one thread each
         m.setattr("os.cpu_count", lambda: 2)
-        parallel = coverage_benefit_profile(cfg, levels, settings, tmp_path / "parallel", cache_dir=cache, workers=2)
+        parallel = coverage_benefit_profile(
+            cfg, levels, settings, tmp_path / "parallel", cache_dir=cache, workers=2
+        )
     assert parallel.values == serial.values
     for f in (tmp_path / "serial").glob("*.json"):
         a, b = json.loads(f.read_text()), json.loads((tmp_path / "parallel" / f.name).read_text())

@@ -12,14 +12,24 @@ from torch.utils.data import DataLoader
 
 from repro.data import TextDataModule
 from repro.data.sampler import LazyBatchSampler, epoch_order
+
 from test_pipeline_strategy import fit, make_module, pipeline
 
 
 def small_dm(corpus, cache, blocks: int = 20) -> TextDataModule:
     """20 training blocks in batches of 8: 2 batches per epoch, so 7 steps cross 3 epochs."""
-    return TextDataModule(corpus="text_files", text_files=[str(corpus / "*.txt")], tokenizer="char", block_size=32,
-                          batch_size=8, max_val_blocks=16, val_fraction=0.2, cache_dir=str(cache),
-                          max_train_blocks=blocks, shuffle_seed=3)
+    return TextDataModule(
+        corpus="text_files",
+        text_files=[str(corpus / "*.txt")],
+        tokenizer="char",
+        block_size=32,
+        batch_size=8,
+        max_val_blocks=16,
+        val_fraction=0.2,
+        cache_dir=str(cache),
+        max_train_blocks=blocks,
+        shuffle_seed=3,
+    )
 
 
 OPTIM = {"lr": 1e-2, "warmup_steps": 2, "schedule": "cosine", "decay_steps": 8}
@@ -32,14 +42,29 @@ def test_single_process_resume_mid_epoch_is_bitwise(corpus, tmp_path):
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=3, save_top_k=-1)
     (tmp_path / "a").mkdir()
     L.seed_everything(0, verbose=False)
-    whole = fit(tmp_path / "a", dm, make_module(optim=OPTIM), "auto", steps=7, callbacks=[ckpt],
-                enable_checkpointing=True, gradient_clip_val=0.5)[0]
+    whole = fit(
+        tmp_path / "a",
+        dm,
+        make_module(optim=OPTIM),
+        "auto",
+        steps=7,
+        callbacks=[ckpt],
+        enable_checkpointing=True,
+        gradient_clip_val=0.5,
+    )[0]
     resume_from = tmp_path / "ckpts" / "epoch=1-step=3.ckpt"  # epoch 1, after its first batch
     assert resume_from.exists()
     (tmp_path / "b").mkdir()
     L.seed_everything(99, verbose=False)  # nothing after a resume may depend on the global seed
-    resumed = fit(tmp_path / "b", dm, make_module(optim=OPTIM), "auto", steps=7, gradient_clip_val=0.5,
-                  ckpt_path=str(resume_from))[0]
+    resumed = fit(
+        tmp_path / "b",
+        dm,
+        make_module(optim=OPTIM),
+        "auto",
+        steps=7,
+        gradient_clip_val=0.5,
+        ckpt_path=str(resume_from),
+    )[0]
     assert resumed["losses"] == whole["losses"][3:]
     assert [g.keys() for g in resumed["grads"]] == [g.keys() for g in whole["grads"][3:]]
     for a, b in zip(resumed["grads"], whole["grads"][3:]):
@@ -48,8 +73,14 @@ def test_single_process_resume_mid_epoch_is_bitwise(corpus, tmp_path):
 
 def test_the_sampler_at_p_1_is_the_shuffled_dataloader_resumable_at_any_step():
     for n, bs, seed in ((37, 4, 0), (40, 8, 5), (9, 3, 11)):
-        ref_loader = DataLoader(list(range(n)), batch_size=bs, shuffle=True, drop_last=True,
-                                generator=torch.Generator().manual_seed(seed))
+        ref_loader = DataLoader(
+            list(range(n)),
+            batch_size=bs,
+            shuffle=True,
+            drop_last=True,
+            generator=torch.Generator().manual_seed(seed),
+        )
+
         def lightning_epoch(loader):  # Lightning takes len(loader) batches per epoch, then a new iterator
             it = iter(loader)
             return [next(it).tolist() for _ in range(len(loader))]
@@ -67,22 +98,38 @@ def test_the_same_seed_gives_the_same_run(corpus, tmp_path):
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
         L.seed_everything(7, verbose=False)
-        runs.append(fit(tmp_path / name, small_dm(corpus, tmp_path / "c"), make_module(optim=OPTIM), "auto", steps=4)[0])
+        runs.append(
+            fit(tmp_path / name, small_dm(corpus, tmp_path / "c"), make_module(optim=OPTIM), "auto", steps=4)[
+                0
+            ]
+        )
     assert runs[0]["losses"] == runs[1]["losses"]
     (tmp_path / "c2").mkdir()
     L.seed_everything(8, verbose=False)
-    other = fit(tmp_path / "c2", small_dm(corpus, tmp_path / "c"), make_module(optim=OPTIM), "auto", steps=4)[0]
+    other = fit(tmp_path / "c2", small_dm(corpus, tmp_path / "c"), make_module(optim=OPTIM), "auto", steps=4)[
+        0
+    ]
     assert other["losses"] != runs[0]["losses"]  # the seed does matter (the test can fail)
 
 
 def test_the_same_seed_gives_the_same_pipeline_run(corpus, tmp_path):
-    opts = dict(method="clapping_fu", fwd_compressor="quant(2,stochastic)", bwd_compressor="randk(0.2)", p=0.5)
+    opts = dict(
+        method="clapping_fu", fwd_compressor="quant(2,stochastic)", bwd_compressor="randk(0.2)", p=0.5
+    )
     runs = []
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
         L.seed_everything(7, verbose=False)
-        runs.append(fit(tmp_path / name, small_dm(corpus, tmp_path / "c", blocks=64), make_module(n_layer=2, optim=OPTIM),
-                        pipeline(2, **opts), steps=5, devices=2))
+        runs.append(
+            fit(
+                tmp_path / name,
+                small_dm(corpus, tmp_path / "c", blocks=64),
+                make_module(n_layer=2, optim=OPTIM),
+                pipeline(2, **opts),
+                steps=5,
+                devices=2,
+            )
+        )
     for rank in range(2):
         assert runs[0][rank]["losses"] == runs[1][rank]["losses"]
         assert runs[0][rank]["digests"] == runs[1][rank]["digests"]
@@ -113,8 +160,16 @@ def test_a_nonfinite_loss_stops_or_skips_the_step(mode, corpus, tmp_path):
     cfg = GPTConfig(n_layer=2, n_embd=32, n_head=2, rope_dims=[8, 8], vocab_size=64, block_size=32)
     module = GPTLightningModule(cfg, OPTIM, nonfinite=mode)
     guard = NanLossAt(2)
-    trainer = L.Trainer(accelerator="cpu", max_steps=4, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, callbacks=[guard])
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=4,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[guard],
+    )
     if mode == "raise":
         with pytest.raises(FloatingPointError, match=r"non-finite training loss \(nan\) at training step 2"):
             trainer.fit(module, small_dm(corpus, tmp_path / "c", blocks=64))
@@ -140,12 +195,28 @@ def test_lightning_sees_the_batches_the_plain_shuffled_loader_gave(corpus, tmp_p
     for old in (False, True):
         dm = small_dm(corpus, tmp_path / "c")
         if old:
-            monkeypatch.setattr(TextDataModule, "train_dataloader", lambda self: DataLoader(
-                self.train_set, batch_size=self.batch_size, shuffle=True, drop_last=True,
-                generator=torch.Generator().manual_seed(self.shuffle_seed)))
+            monkeypatch.setattr(
+                TextDataModule,
+                "train_dataloader",
+                lambda self: DataLoader(
+                    self.train_set,
+                    batch_size=self.batch_size,
+                    shuffle=True,
+                    drop_last=True,
+                    generator=torch.Generator().manual_seed(self.shuffle_seed),
+                ),
+            )
         ids = BatchIds()
-        trainer = L.Trainer(accelerator="cpu", max_steps=7, logger=False, enable_checkpointing=False,
-                            enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, callbacks=[ids])
+        trainer = L.Trainer(
+            accelerator="cpu",
+            max_steps=7,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            limit_val_batches=0,
+            callbacks=[ids],
+        )
         trainer.fit(make_module(optim=OPTIM), dm)
         seen.append(ids.ids)
     assert seen[0] == seen[1] and len(seen[0]) == 7

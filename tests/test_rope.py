@@ -22,7 +22,9 @@ def reference_rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10000
     return torch.cat([z.real, z.imag], dim=-1).float()
 
 
-def rotate(x: torch.Tensor, width: int, convention: str = "neox", reference_dim: int | None = None) -> torch.Tensor:
+def rotate(
+    x: torch.Tensor, width: int, convention: str = "neox", reference_dim: int | None = None
+) -> torch.Tensor:
     table = rope_table(width, x.shape[1], convention, reference_dim or x.shape[-1])
     return apply_rope(x, table.cos, table.sin)
 
@@ -47,7 +49,9 @@ def test_partial_width_rotates_only_the_first_dims(width):
     out = rotate(x, width)
     assert torch.equal(out[..., width:], x[..., width:])
     # the rotated slice is a standard RoPE of width `width`
-    torch.testing.assert_close(out[..., :width], reference_rope(x[..., :width], torch.arange(24)), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        out[..., :width], reference_rope(x[..., :width], torch.arange(24)), rtol=1e-5, atol=1e-5
+    )
     # rotation preserves the norm of every (position, head) vector
     torch.testing.assert_close(out.norm(dim=-1), x.norm(dim=-1), rtol=1e-5, atol=1e-5)
 

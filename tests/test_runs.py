@@ -11,7 +11,6 @@ import shutil
 import pytest
 import torch
 
-from conftest import EXPERIMENTS, MODELS
 from repro.cli import main as repro_main
 from repro.experiments.table1.settings import load_table1_settings
 from repro.runs import RunSpec
@@ -20,12 +19,21 @@ from repro.runs.model_config import load_model_config
 from repro.runs.placement import Slot, pipeline_slot, single_run_slots
 from repro.runs.store import load_finished
 
+from conftest import EXPERIMENTS, MODELS
+
 TABLE1_MODEL = MODELS / "smoke" / "table1_target_mha.yaml"
 
 
 def spec(tmp_path, **changes) -> RunSpec:
-    values = dict(name="run", folder=tmp_path, config=TABLE1_MODEL, seed=3, steps=6, eval_every=3,
-                  overrides={"model.gpt.rope_dims": [16, 4, 4, 4, 4, 16]})
+    values = dict(
+        name="run",
+        folder=tmp_path,
+        config=TABLE1_MODEL,
+        seed=3,
+        steps=6,
+        eval_every=3,
+        overrides={"model.gpt.rope_dims": [16, 4, 4, 4, 4, 16]},
+    )
     values.update(changes)
     return RunSpec.make(**values)
 
@@ -33,9 +41,16 @@ def spec(tmp_path, **changes) -> RunSpec:
 def test_the_fingerprint_changes_with_what_changes_the_numbers_and_only_that(tmp_path):
     base = spec(tmp_path).fingerprint()
     assert spec(tmp_path).fingerprint() == base
-    assert spec(tmp_path, name="other", folder=tmp_path / "x").fingerprint() == base  # where it goes does not count
-    for changed in (dict(seed=4), dict(steps=9), dict(eval_every=2), dict(overrides={"model.gpt.rope_dims": [4] * 6}),
-                    dict(stages=2, pipeline={"method": "none"})):
+    assert (
+        spec(tmp_path, name="other", folder=tmp_path / "x").fingerprint() == base
+    )  # where it goes does not count
+    for changed in (
+        dict(seed=4),
+        dict(steps=9),
+        dict(eval_every=2),
+        dict(overrides={"model.gpt.rope_dims": [4] * 6}),
+        dict(stages=2, pipeline={"method": "none"}),
+    ):
         assert spec(tmp_path, **changed).fingerprint() != base, changed
     # an edit of the file that moves the numbers changes it; one that moves only the logs does not
     copy = tmp_path / "model.yaml"
@@ -46,18 +61,32 @@ def test_the_fingerprint_changes_with_what_changes_the_numbers_and_only_that(tmp
     assert spec(tmp_path, config=copy).fingerprint() != base
 
 
-def test_a_model_config_trains_the_same_under_repro_fit_and_under_the_engine(tmp_path, data_cache, monkeypatch):
+def test_a_model_config_trains_the_same_under_repro_fit_and_under_the_engine(
+    tmp_path, data_cache, monkeypatch
+):
     """Same file, same seed and steps: the same weights, bit for bit, whichever way it is trained."""
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
     torch.set_num_threads(1)
     engine = spec(tmp_path / "engine", save_checkpoint=True)
     result = train_run(engine, single_run_slots("cpu", 1)[0], str(data_cache))
     with pytest.raises(SystemExit) as done:
-        repro_main(["fit", "--config", str(TABLE1_MODEL), "--seed_everything=3", "--data.shuffle_seed=3",
-                    "--trainer.max_steps=6", "--trainer.val_check_interval=3", "--trainer.check_val_every_n_epoch=null",
-                    "--model.gpt.rope_dims=[16,4,4,4,4,16]", f"--data.cache_dir={data_cache}",
-                    f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}", "--trainer.enable_progress_bar=false",
-                    "--trainer.callbacks+=repro.lit.FinalCheckpoint"])
+        repro_main(
+            [
+                "fit",
+                "--config",
+                str(TABLE1_MODEL),
+                "--seed_everything=3",
+                "--data.shuffle_seed=3",
+                "--trainer.max_steps=6",
+                "--trainer.val_check_interval=3",
+                "--trainer.check_val_every_n_epoch=null",
+                "--model.gpt.rope_dims=[16,4,4,4,4,16]",
+                f"--data.cache_dir={data_cache}",
+                f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}",
+                "--trainer.enable_progress_bar=false",
+                "--trainer.callbacks+=repro.lit.FinalCheckpoint",
+            ]
+        )
     assert done.value.code == 0
     fitted = torch.load(next((tmp_path / "logs").rglob("final.ckpt")), weights_only=False)["state_dict"]
     engine_weights = torch.load(result.checkpoint, weights_only=False)["state_dict"]
@@ -81,8 +110,14 @@ def test_an_experiment_owns_the_schedule_of_its_model_files(tmp_path):
     text = TABLE1_MODEL.read_text()
     assert load_model_config(TABLE1_MODEL).check_trainable_by_experiment("target") is None
     own = tmp_path / "own.yaml"
-    own.write_text(text.replace("trainer:\n", "trainer:\n  max_steps: 40\n").replace("data:\n", "data:\n  shuffle_seed: 2\n"))
-    with pytest.raises(ValueError, match=r"sets trainer.max_steps=40, data.shuffle_seed=2, which the experiment's"):
+    own.write_text(
+        text.replace("trainer:\n", "trainer:\n  max_steps: 40\n").replace(
+            "data:\n", "data:\n  shuffle_seed: 2\n"
+        )
+    )
+    with pytest.raises(
+        ValueError, match=r"sets trainer.max_steps=40, data.shuffle_seed=2, which the experiment's"
+    ):
         load_model_config(own).check_trainable_by_experiment("target")
 
 
@@ -104,14 +139,31 @@ def test_settings_paths_are_relative_to_the_settings_file_not_the_working_folder
         load_table1_settings(copy)
 
 
-@pytest.mark.parametrize("args, new", [
-    (["fit", "--config", "paper_configs/smoke.yaml"], "paper_configs/models/smoke/gpt_mha.yaml"),
-    (["fit", "--config", "paper_configs/smoke_pipeline.yaml"], "paper_configs/models/smoke/pipeline.yaml"),
-    (["table1", "--settings", "paper_configs/table1/cpu.yaml"], "paper_configs/experiments/table1/cpu.yaml"),
-    (["clapping", "--settings", "paper_configs/clapping/smoke.yaml"], "paper_configs/experiments/clapping/smoke.yaml"),
-    (["bench", "--settings", "paper_configs/bench/quick.yaml"], "paper_configs/experiments/bench/quick.yaml"),
-])
-def test_a_config_path_of_the_earlier_layout_fails_naming_the_new_one(args, new, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "args, new",
+    [
+        (["fit", "--config", "paper_configs/smoke.yaml"], "paper_configs/models/smoke/gpt_mha.yaml"),
+        (
+            ["fit", "--config", "paper_configs/smoke_pipeline.yaml"],
+            "paper_configs/models/smoke/pipeline.yaml",
+        ),
+        (
+            ["table1", "--settings", "paper_configs/table1/cpu.yaml"],
+            "paper_configs/experiments/table1/cpu.yaml",
+        ),
+        (
+            ["clapping", "--settings", "paper_configs/clapping/smoke.yaml"],
+            "paper_configs/experiments/clapping/smoke.yaml",
+        ),
+        (
+            ["bench", "--settings", "paper_configs/bench/quick.yaml"],
+            "paper_configs/experiments/bench/quick.yaml",
+        ),
+    ],
+)
+def test_a_config_path_of_the_earlier_layout_fails_naming_the_new_one(
+    args, new, tmp_path, monkeypatch, capsys
+):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exit_:
         repro_main(args)
@@ -125,7 +177,9 @@ def test_slots_share_the_cores_and_the_gpus():
     assert single_run_slots("cpu", 2, cores=2) == [Slot("cpu", (), 1)] * 2
     assert single_run_slots("cpu", 1, cores=16) == [Slot("cpu", (), 16)]
     gpu = single_run_slots("gpu", 1, runs_per_gpu=3, cores=16, gpus=2)
-    assert [s.devices for s in gpu] == [(0,), (1,), (0,), (1,), (0,), (1,)] and all(s.threads == 2 for s in gpu)
+    assert [s.devices for s in gpu] == [(0,), (1,), (0,), (1,), (0,), (1,)] and all(
+        s.threads == 2 for s in gpu
+    )
     assert pipeline_slot("gpu", 4, cores=16, gpus=8) == (Slot("gpu", (0, 1, 2, 3), 4), "nccl")
     assert pipeline_slot("gpu", 4, cores=16, gpus=2) == (Slot("gpu", (0, 1, 0, 1), 4), "gloo")
     assert pipeline_slot("cpu", 4, cores=2) == (Slot("cpu", (), 1), "gloo")

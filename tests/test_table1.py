@@ -17,6 +17,7 @@ from repro.experiments.table1.run import main as table1_main
 from repro.experiments.table1.settings import Table1Settings, load_table1_settings
 
 from conftest import EXPERIMENTS, MODELS, REPO_ROOT
+
 SMOKE = EXPERIMENTS / "table1" / "smoke.yaml"
 FIGURES = REPO_ROOT / "figures"
 ARCHS = ("mha", "mla")
@@ -179,8 +180,11 @@ def test_bad_settings_fail_early_naming_the_field(tmp_path, extra, message):
 
 
 def test_cli_reports_a_missing_config_and_writes_nothing(tmp_path, capsys):
-    path = _write(tmp_path, "scale: smoke\ntarget: {mha: nowhere.yaml, mla: nowhere.yaml}\n"
-                            "source: {mha: nowhere.yaml, mla: nowhere.yaml}\n")
+    path = _write(
+        tmp_path,
+        "scale: smoke\ntarget: {mha: nowhere.yaml, mla: nowhere.yaml}\n"
+        "source: {mha: nowhere.yaml, mla: nowhere.yaml}\n",
+    )
     assert table1_main(["--settings", str(path), "--out", str(tmp_path / "out")]) == 2
     assert "nowhere.yaml" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

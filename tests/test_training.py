@@ -14,11 +14,21 @@ from repro.models import GPTConfig
 
 def smoke_module(vocab_size: int, attention: str = "mha") -> GPTLightningModule:
     if attention == "mha":
-        gpt = GPTConfig(vocab_size=vocab_size, block_size=64, n_layer=2, n_embd=64, n_head=4, rope_dims=[16, 4])
+        gpt = GPTConfig(
+            vocab_size=vocab_size, block_size=64, n_layer=2, n_embd=64, n_head=4, rope_dims=[16, 4]
+        )
     else:
         gpt = GPTConfig(
-            vocab_size=vocab_size, block_size=64, n_layer=2, n_embd=64, n_head=4, attention="mla",
-            kv_lora_rank=32, qk_nope_head_dim=16, v_head_dim=16, qk_rope_head_dim=[16, 0],
+            vocab_size=vocab_size,
+            block_size=64,
+            n_layer=2,
+            n_embd=64,
+            n_head=4,
+            attention="mla",
+            kv_lora_rank=32,
+            qk_nope_head_dim=16,
+            v_head_dim=16,
+            qk_rope_head_dim=[16, 0],
         )
     return GPTLightningModule(gpt, OptimConfig(lr=3e-3, warmup_steps=5, decay_steps=40))
 
@@ -39,8 +49,14 @@ def test_a_few_optimizer_steps_lower_the_loss(smoke_datamodule, tmp_path, attent
     before = held_out_loss(module, batch)
     assert abs(before - math.log(smoke_datamodule.vocab_size)) < 0.3  # an untrained model is near uniform
     trainer = L.Trainer(
-        accelerator="cpu", max_steps=40, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, default_root_dir=tmp_path,
+        accelerator="cpu",
+        max_steps=40,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
     )
     trainer.fit(module, datamodule=smoke_datamodule)
     after = held_out_loss(module, batch)
@@ -49,7 +65,10 @@ def test_a_few_optimizer_steps_lower_the_loss(smoke_datamodule, tmp_path, attent
 
 
 def test_lr_schedule_warms_up_then_decays_to_the_floor():
-    factors = [lr_multiplier(s, warmup_steps=10, total_steps=110, schedule="cosine", min_lr_ratio=0.1) for s in range(130)]
+    factors = [
+        lr_multiplier(s, warmup_steps=10, total_steps=110, schedule="cosine", min_lr_ratio=0.1)
+        for s in range(130)
+    ]
     assert factors[0] == pytest.approx(0.1) and factors[9] == pytest.approx(1.0)
     assert all(a >= b for a, b in zip(factors[10:], factors[11:]))  # non-increasing after warmup
     assert factors[60] == pytest.approx(0.55)  # half-way through the cosine

@@ -42,7 +42,9 @@ def _check_widths(widths: list[int], n_layer: int) -> None:
         raise ValueError(f"rotary widths {bad}: must be integers >= 0")
 
 
-def _summary(per_layer: dict[str, list[int]], bytes_per_elem: int, context: int, extra: dict) -> dict[str, Any]:
+def _summary(
+    per_layer: dict[str, list[int]], bytes_per_elem: int, context: int, extra: dict
+) -> dict[str, Any]:
     totals = {name: sum(values) for name, values in per_layer.items()}
     kv_bytes = [e * bytes_per_elem for e in per_layer["kv_cache_elements"]]
     return {
@@ -71,7 +73,9 @@ def account_fixed_width(
     return _summary(per_layer, bytes_per_elem, context, {"attention": "mha"})
 
 
-def account_mla(shape: MLAShape, rope_widths: list[int], context: int, bytes_per_elem: int = 2) -> dict[str, Any]:
+def account_mla(
+    shape: MLAShape, rope_widths: list[int], context: int, bytes_per_elem: int = 2
+) -> dict[str, Any]:
     """Per-token costs of an MLA allocation ``rope_widths`` (one d_R,l per layer)."""
     _check_widths(rope_widths, shape.n_layer)
     _check_positive(context=context, bytes_per_elem=bytes_per_elem)
@@ -87,7 +91,9 @@ def account_mla(shape: MLAShape, rope_widths: list[int], context: int, bytes_per
     return _summary(per_layer, bytes_per_elem, context, {"attention": "mla"})
 
 
-def account_model(gpt: GPTConfig | dict[str, Any], context: int | None = None, bytes_per_elem: int = 2) -> dict[str, Any]:
+def account_model(
+    gpt: GPTConfig | dict[str, Any], context: int | None = None, bytes_per_elem: int = 2
+) -> dict[str, Any]:
     """Accounting of a model config given as a dict of GPTConfig fields (its own widths)."""
     cfg = gpt if isinstance(gpt, GPTConfig) else GPTConfig(**{"vocab_size": 1, **gpt})
     context = cfg.block_size if context is None else context

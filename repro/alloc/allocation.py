@@ -19,7 +19,17 @@ from repro.models.config import GPTConfig
 from .budget import BudgetLevels, level_to_width, num_high_layers, width_to_level
 from .profile import LayerProfile
 
-BUDGET_MATCHED = ("profiled", "transferred", "uniform", "first-k", "last-k", "spaced-k", "random-k", "inverse", "phase-off-k")
+BUDGET_MATCHED = (
+    "profiled",
+    "transferred",
+    "uniform",
+    "first-k",
+    "last-k",
+    "spaced-k",
+    "random-k",
+    "inverse",
+    "phase-off-k",
+)
 REFERENCE_POINTS = ("all-high", "all-low", "nope")
 METHODS = BUDGET_MATCHED + REFERENCE_POINTS
 
@@ -88,10 +98,14 @@ def allocate(
         if profile is None:
             raise ValueError(f"allocation method={method!r} needs a {kind} profile")
         if profile.kind != kind.replace("-", "_"):
-            raise ValueError(f"allocation method={method!r} needs a {kind} profile, got a {profile.kind} profile")
+            raise ValueError(
+                f"allocation method={method!r} needs a {kind} profile, got a {profile.kind} profile"
+            )
         profile.check_matches(L)
         record["profile_kind"] = profile.kind
-        record["profile_meta"] = {key: profile.meta[key] for key in ("source", "steps", "seeds") if key in profile.meta}
+        record["profile_meta"] = {
+            key: profile.meta[key] for key in ("source", "steps", "seeds") if key in profile.meta
+        }
         return profile.values
 
     if method == "uniform":
@@ -134,7 +148,9 @@ def allocate(
     )
 
 
-def random_allocations(config: GPTConfig, levels: BudgetLevels, draws: int, seed: int = 0) -> list[Allocation]:
+def random_allocations(
+    config: GPTConfig, levels: BudgetLevels, draws: int, seed: int = 0
+) -> list[Allocation]:
     """R seeded random-k draws (draw r uses seed + r)."""
     if not isinstance(draws, int) or draws <= 0:
         raise ValueError(f"random-k draws={draws!r}: must be a positive integer")

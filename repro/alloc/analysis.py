@@ -6,8 +6,9 @@ Plain Python (no scipy): Spearman is the Pearson correlation of average ranks.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from itertools import combinations
-from typing import Any, Iterable
+from typing import Any
 
 from .allocation import top_k_layers
 
@@ -82,7 +83,9 @@ def interaction_terms(single: list[float], pairs: dict[tuple[int, int], float]) 
     out = []
     for (i, j), both in sorted(pairs.items()):
         additive = single[i] + single[j]
-        out.append({"layers": [i, j], "pair_benefit": both, "additive": additive, "interaction": both - additive})
+        out.append(
+            {"layers": [i, j], "pair_benefit": both, "additive": additive, "interaction": both - additive}
+        )
     return out
 
 
@@ -93,8 +96,13 @@ def transfer_fidelity(transferred: list[float], direct: list[float], k: int) -> 
             f"transferred profile has {len(transferred)} layers but the direct profile has {len(direct)}"
         )
     top_t, top_d = top_k_layers(transferred, k), top_k_layers(direct, k)
-    return {"spearman": spearman(transferred, direct), "top_k": k, "jaccard": jaccard(top_t, top_d),
-            "top_k_transferred": top_t, "top_k_direct": top_d}
+    return {
+        "spearman": spearman(transferred, direct),
+        "top_k": k,
+        "jaccard": jaccard(top_t, top_d),
+        "top_k_transferred": top_t,
+        "top_k_direct": top_d,
+    }
 
 
 def seed_stability(per_seed: dict[str, list[float]]) -> dict[str, Any]:

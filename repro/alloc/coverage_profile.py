@@ -58,8 +58,13 @@ class CoverageProfileSettings:
     def of(cls, profile: LayerProfile) -> CoverageProfileSettings:
         """The settings a coverage-benefit profile was measured with (from its meta)."""
         meta = profile.meta
-        return cls(steps=meta["steps"], seeds=tuple(meta["seeds"]), eval_every=meta["eval_every"],
-                   last_n=meta["last_n"], schedule_steps=meta.get("schedule_steps"))
+        return cls(
+            steps=meta["steps"],
+            seeds=tuple(meta["seeds"]),
+            eval_every=meta["eval_every"],
+            last_n=meta["last_n"],
+            schedule_steps=meta.get("schedule_steps"),
+        )
 
 
 def run_name(high_layers, seed: int, prefix: str = "high") -> str:
@@ -71,8 +76,15 @@ def layer_groups(n_layer: int, group_size: int) -> list[list[int]]:
     return [list(range(start, min(n_layer, start + group_size))) for start in range(0, n_layer, group_size)]
 
 
-def upgrade_specs(config: ModelConfig, high_sets: list[list[int]], high_w: int, low_w: int,
-                  settings: CoverageProfileSettings, folder: Path, label: str = "") -> list[RunSpec]:
+def upgrade_specs(
+    config: ModelConfig,
+    high_sets: list[list[int]],
+    high_w: int,
+    low_w: int,
+    settings: CoverageProfileSettings,
+    folder: Path,
+    label: str = "",
+) -> list[RunSpec]:
     """One run per (seed, set of high layers), the other layers low; seeds outermost."""
     n_layer = config.shape_config().n_layer
     specs = []
@@ -83,25 +95,52 @@ def upgrade_specs(config: ModelConfig, high_sets: list[list[int]], high_w: int, 
             if settings.schedule_steps is not None:
                 overrides["model.optim.decay_steps"] = settings.schedule_steps
             name = run_name(high, seed)
-            specs.append(RunSpec.make(name, folder, config.path, seed, settings.steps, settings.eval_every, overrides,
-                                      label=f"{label}{name}"))
+            specs.append(
+                RunSpec.make(
+                    name,
+                    folder,
+                    config.path,
+                    seed,
+                    settings.steps,
+                    settings.eval_every,
+                    overrides,
+                    label=f"{label}{name}",
+                )
+            )
     return specs
 
 
-def profile_specs(config: ModelConfig, levels: BudgetLevels, settings: CoverageProfileSettings, folder: Path,
-                  label: str = "") -> list[RunSpec]:
+def profile_specs(
+    config: ModelConfig,
+    levels: BudgetLevels,
+    settings: CoverageProfileSettings,
+    folder: Path,
+    label: str = "",
+) -> list[RunSpec]:
     """Every run of the profile: per seed, the base run (all low) then one upgrade run per group."""
     shape = config.shape_config()
-    high_w, low_w = level_to_width(levels.high, shape, levels.unit), level_to_width(levels.low, shape, levels.unit)
+    high_w, low_w = (
+        level_to_width(levels.high, shape, levels.unit),
+        level_to_width(levels.low, shape, levels.unit),
+    )
     groups = layer_groups(shape.n_layer, settings.group_size)
     return upgrade_specs(config, [[]] + groups, high_w, low_w, settings, folder, label)
 
 
-def profile_from_results(config: ModelConfig, levels: BudgetLevels, settings: CoverageProfileSettings,
-                         results: Mapping[str, RunResult], folder: Path, vocab_size: int) -> LayerProfile:
+def profile_from_results(
+    config: ModelConfig,
+    levels: BudgetLevels,
+    settings: CoverageProfileSettings,
+    results: Mapping[str, RunResult],
+    folder: Path,
+    vocab_size: int,
+) -> LayerProfile:
     """The profile from its finished runs (``run name -> result``)."""
     shape = config.shape_config()
-    high_w, low_w = level_to_width(levels.high, shape, levels.unit), level_to_width(levels.low, shape, levels.unit)
+    high_w, low_w = (
+        level_to_width(levels.high, shape, levels.unit),
+        level_to_width(levels.low, shape, levels.unit),
+    )
     losses = {name: r.mean_last(settings.last_n) for name, r in results.items()}
     per_seed: dict[str, list[float]] = {}
     base_losses: dict[str, float] = {}
@@ -123,57 +162,99 @@ def profile_from_results(config: ModelConfig, levels: BudgetLevels, settings: Co
         per_seed=per_seed,
         model=config.gpt_config(vocab_size, **{config.width_field: [low_w] * shape.n_layer}).to_dict(),
         meta={
-            "source": config.path, "levels": levels.to_dict(), "high_width": high_w, "low_width": low_w,
-            "steps": settings.steps, "seeds": list(settings.seeds), "eval_every": settings.eval_every,
-            "last_n": settings.last_n, "group_size": settings.group_size, "group_spread": settings.group_spread,
-            "schedule_steps": settings.schedule_steps, "runs": len(results), "runs_dir": str(folder),
-            "base_loss": base_losses, "run_losses": losses,
+            "source": config.path,
+            "levels": levels.to_dict(),
+            "high_width": high_w,
+            "low_width": low_w,
+            "steps": settings.steps,
+            "seeds": list(settings.seeds),
+            "eval_every": settings.eval_every,
+            "last_n": settings.last_n,
+            "group_size": settings.group_size,
+            "group_spread": settings.group_spread,
+            "schedule_steps": settings.schedule_steps,
+            "runs": len(results),
+            "runs_dir": str(folder),
+            "base_loss": base_losses,
+            "run_losses": losses,
             "tokens_per_run": settings.steps * config.batch_size * config.block_size,
             "training_wall_s": sum(r.wall_s for r in results.values()),
         },
     )
 
 
-def coverage_benefit_profile(config: ModelConfig, levels: BudgetLevels, settings: CoverageProfileSettings,
-                             folder: Path, accelerator: str = "cpu", workers: int = 1, cache_dir: str | None = None,
-                             quiet: bool = False) -> LayerProfile:
+def coverage_benefit_profile(
+    config: ModelConfig,
+    levels: BudgetLevels,
+    settings: CoverageProfileSettings,
+    folder: Path,
+    accelerator: str = "cpu",
+    workers: int = 1,
+    cache_dir: str | None = None,
+    quiet: bool = False,
+) -> LayerProfile:
     """Measure the coverage-benefit profile of the config's model (L + 1 runs per seed, or fewer with groups)."""
     datamodule = config.datamodule(**({"cache_dir": cache_dir} if cache_dir else {}))
     datamodule.setup("fit")  # the tokenizer and token caches, once, before any worker starts
     specs = profile_specs(config, levels, settings, folder)
     progress = Progress("coverage", len(specs), sum(s.steps for s in specs), workers, quiet=quiet)
     results = train_all(specs, accelerator, workers, cache_dir, progress)
-    profile = profile_from_results(config, levels, settings, {s.name: results[s.key] for s in specs}, folder,
-                                   datamodule.vocab_size)
+    profile = profile_from_results(
+        config, levels, settings, {s.name: results[s.key] for s in specs}, folder, datamodule.vocab_size
+    )
     profile.meta["workers"] = workers
     return profile
 
 
-def pair_specs(config: ModelConfig, profile: LayerProfile, pairs: list[tuple[int, int]], folder: Path,
-               with_base: bool = True, label: str = "") -> list[RunSpec]:
+def pair_specs(
+    config: ModelConfig,
+    profile: LayerProfile,
+    pairs: list[tuple[int, int]],
+    folder: Path,
+    with_base: bool = True,
+    label: str = "",
+) -> list[RunSpec]:
     """The runs of benefit[i, j]: per seed, (the base run and) one run per pair with both layers high."""
     sets = ([[]] if with_base else []) + [sorted(p) for p in pairs]
-    return upgrade_specs(config, sets, profile.meta["high_width"], profile.meta["low_width"],
-                         CoverageProfileSettings.of(profile), folder, label)
+    return upgrade_specs(
+        config,
+        sets,
+        profile.meta["high_width"],
+        profile.meta["low_width"],
+        CoverageProfileSettings.of(profile),
+        folder,
+        label,
+    )
 
 
-def pair_benefits_from_results(profile: LayerProfile, pairs: list[tuple[int, int]],
-                               results: Mapping[str, RunResult]) -> dict[tuple[int, int], float]:
+def pair_benefits_from_results(
+    profile: LayerProfile, pairs: list[tuple[int, int]], results: Mapping[str, RunResult]
+) -> dict[tuple[int, int], float]:
     """benefit[i, j] from the base and pair runs (``run name -> result``)."""
     settings = CoverageProfileSettings.of(profile)
     out = {}
     for i, j in pairs:
-        gains = [results[run_name([], s)].mean_last(settings.last_n) - results[run_name([i, j], s)].mean_last(settings.last_n)
-                 for s in settings.seeds]
+        gains = [
+            results[run_name([], s)].mean_last(settings.last_n)
+            - results[run_name([i, j], s)].mean_last(settings.last_n)
+            for s in settings.seeds
+        ]
         out[(i, j)] = statistics.fmean(gains)
     if any(not math.isfinite(v) for v in out.values()):
         raise ValueError("a pair run produced a non-finite loss")
     return out
 
 
-def pair_benefits(config: ModelConfig, profile: LayerProfile, pairs: list[tuple[int, int]], folder: Path,
-                  accelerator: str = "cpu", workers: int = 1, cache_dir: str | None = None,
-                  quiet: bool = False) -> dict[tuple[int, int], float]:
+def pair_benefits(
+    config: ModelConfig,
+    profile: LayerProfile,
+    pairs: list[tuple[int, int]],
+    folder: Path,
+    accelerator: str = "cpu",
+    workers: int = 1,
+    cache_dir: str | None = None,
+    quiet: bool = False,
+) -> dict[tuple[int, int], float]:
     """benefit[i, j] (both layers high) with the profile's own settings and seeds, reusing its base runs."""
     specs = pair_specs(config, profile, pairs, folder)
     progress = Progress("interactions", len(specs), sum(s.steps for s in specs), workers, quiet=quiet)

@@ -37,7 +37,9 @@ def mean_loss(model: GPT, batches: list[dict[str, torch.Tensor]]) -> tuple[float
     return total / tokens, tokens
 
 
-def phase_off_values(model: GPT, batches: list[dict[str, torch.Tensor]], per_head: bool = False) -> dict[str, Any]:
+def phase_off_values(
+    model: GPT, batches: list[dict[str, torch.Tensor]], per_head: bool = False
+) -> dict[str, Any]:
     """Loss increase per layer (and per head) with the rotation angle forced to 0 there."""
     ref, tokens = mean_loss(model, batches)
     values, heads = [], []
@@ -54,7 +56,10 @@ def phase_off_values(model: GPT, batches: list[dict[str, torch.Tensor]], per_hea
 
 
 def measure_phase_off_profile(
-    config: ModelConfig, checkpoint: str | Path, per_head: bool = False, cache_dir: str | None = None,
+    config: ModelConfig,
+    checkpoint: str | Path,
+    per_head: bool = False,
+    cache_dir: str | None = None,
     device: str = "cpu",
 ) -> LayerProfile:
     """Phase-off profile of a trained checkpoint on the config's validation data (evaluated on ``device``)."""
@@ -79,17 +84,34 @@ def measure_phase_off_profile(
     )
 
 
-def reference_spec(config: ModelConfig, levels: BudgetLevels, steps: int, seed: int, eval_every: int,
-                   folder: Path) -> RunSpec:
+def reference_spec(
+    config: ModelConfig, levels: BudgetLevels, steps: int, seed: int, eval_every: int, folder: Path
+) -> RunSpec:
     """The all-high reference of the phase-off profile, saved as a checkpoint."""
     shape = config.shape_config()
     widths = [level_to_width(levels.high, shape, levels.unit)] * shape.n_layer
-    return RunSpec.make(run_name(list(range(shape.n_layer)), seed, prefix="reference"), folder, config.path, seed,
-                        steps, eval_every, {f"model.gpt.{config.width_field}": widths}, save_checkpoint=True)
+    return RunSpec.make(
+        run_name(list(range(shape.n_layer)), seed, prefix="reference"),
+        folder,
+        config.path,
+        seed,
+        steps,
+        eval_every,
+        {f"model.gpt.{config.width_field}": widths},
+        save_checkpoint=True,
+    )
 
 
-def train_reference(config: ModelConfig, levels: BudgetLevels, steps: int, seed: int, eval_every: int, folder: Path,
-                    accelerator: str = "cpu", cache_dir: str | None = None) -> RunResult:
+def train_reference(
+    config: ModelConfig,
+    levels: BudgetLevels,
+    steps: int,
+    seed: int,
+    eval_every: int,
+    folder: Path,
+    accelerator: str = "cpu",
+    cache_dir: str | None = None,
+) -> RunResult:
     """Train (or reuse) the all-high reference model of the phase-off profile."""
     spec = reference_spec(config, levels, steps, seed, eval_every, folder)
     return train_all([spec], accelerator, 1, cache_dir, Progress("phase-off", 1, steps))[spec.key]

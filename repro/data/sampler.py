@@ -49,13 +49,17 @@ class LazyBatchSampler(Sampler[list[int]]):
         start_step: Step the next iteration starts at (a restored run's step count).
     """
 
-    def __init__(self, num_samples: int, batch_size: int, p: float = 1.0, seed: int = 0, start_step: int = 0) -> None:
+    def __init__(
+        self, num_samples: int, batch_size: int, p: float = 1.0, seed: int = 0, start_step: int = 0
+    ) -> None:
         if not isinstance(num_samples, int) or num_samples <= 0:
             raise ValueError(f"sampler num_samples={num_samples!r}: must be a positive integer")
         if not isinstance(batch_size, int) or batch_size <= 0:
             raise ValueError(f"sampler batch_size={batch_size!r}: must be a positive integer")
         if batch_size > num_samples:
-            raise ValueError(f"data.batch_size={batch_size}: larger than the {num_samples} samples of the dataset")
+            raise ValueError(
+                f"data.batch_size={batch_size}: larger than the {num_samples} samples of the dataset"
+            )
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < float(p) <= 1.0:
             raise ValueError(f"p={p!r}: the lazy-sampling probability must be in (0, 1]")
         self.num_samples = num_samples

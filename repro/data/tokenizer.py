@@ -34,15 +34,17 @@ class BPETokenizer:
         self.eos_id = tokenizer.token_to_id(EOS)
 
     @classmethod
-    def train(cls, texts: list[str], vocab_size: int) -> "BPETokenizer":
+    def train(cls, texts: list[str], vocab_size: int) -> BPETokenizer:
         from tokenizers import ByteLevelBPETokenizer
 
         tok = ByteLevelBPETokenizer()
-        tok.train_from_iterator(texts, vocab_size=vocab_size, min_frequency=2, special_tokens=[EOS], show_progress=False)
+        tok.train_from_iterator(
+            texts, vocab_size=vocab_size, min_frequency=2, special_tokens=[EOS], show_progress=False
+        )
         return cls(tok._tokenizer)
 
     @classmethod
-    def load(cls, path: Path) -> "BPETokenizer":
+    def load(cls, path: Path) -> BPETokenizer:
         from tokenizers import Tokenizer
 
         return cls(Tokenizer.from_file(str(path)))
@@ -65,11 +67,11 @@ class CharTokenizer:
         self.vocab_size = len(self.itos)
 
     @classmethod
-    def train(cls, texts: list[str]) -> "CharTokenizer":
+    def train(cls, texts: list[str]) -> CharTokenizer:
         return cls(sorted(set().union(*map(set, texts))))
 
     @classmethod
-    def load(cls, path: Path) -> "CharTokenizer":
+    def load(cls, path: Path) -> CharTokenizer:
         return cls(json.loads(path.read_text())["chars"])
 
     def save(self, path: Path) -> None:
@@ -89,7 +91,9 @@ def load_or_train_tokenizer(
     """The tokenizer for these training texts, from ``cache_dir`` when it was trained before."""
     if kind == "bpe":
         if not isinstance(vocab_size, int) or vocab_size < 257:
-            raise ValueError(f"data.vocab_size={vocab_size!r}: byte-level BPE needs at least 257 (256 bytes + <eos>)")
+            raise ValueError(
+                f"data.vocab_size={vocab_size!r}: byte-level BPE needs at least 257 (256 bytes + <eos>)"
+            )
         path = cache_dir / "tokenizers" / f"bpe-{vocab_size}-{corpus_fingerprint}.json"
         if path.exists():
             return BPETokenizer.load(path), path

@@ -23,8 +23,10 @@ def read_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
     try:
         data = torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
     except Exception as exc:  # torch raises several types for a damaged file
-        raise ValueError(f"checkpoint {str(path)!r}: not a readable checkpoint; the file is empty, truncated or "
-                         f"corrupt ({type(exc).__name__})") from None
+        raise ValueError(
+            f"checkpoint {str(path)!r}: not a readable checkpoint; the file is empty, truncated or "
+            f"corrupt ({type(exc).__name__})"
+        ) from None
     if not isinstance(data, dict):
         raise ValueError(f"checkpoint {str(path)!r}: not a Lightning checkpoint (a {type(data).__name__})")
     return data

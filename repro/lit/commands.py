@@ -11,8 +11,8 @@ from pathlib import Path
 
 import yaml
 
-from repro.pipeline.lightning import register_strategies
 from repro.paths import missing_file_message
+from repro.pipeline.lightning import register_strategies
 
 from .cli import ConfigError, ReproCLI
 
@@ -38,7 +38,8 @@ def config_file_problem(args: list[str]) -> str | None:
         except yaml.YAMLError as exc:
             return f"--config {path!r}: not valid YAML ({str(exc).splitlines()[0]})"
         if data is not None and not isinstance(data, dict):
-            return f"--config {path!r}: must be a mapping of sections (trainer, model, data), got a {type(data).__name__}"
+            kind = type(data).__name__
+            return f"--config {path!r}: must be a mapping of sections (trainer, model, data), got a {kind}"
     return None
 
 
@@ -51,8 +52,11 @@ def main(argv: list[str]) -> int:
         return 2
     register_strategies()
     try:
-        ReproCLI(args=argv, save_config_kwargs={"overwrite": True},
-                 parser_kwargs={"description": "Train and evaluate the suite's GPT models with Lightning."})
+        ReproCLI(
+            args=argv,
+            save_config_kwargs={"overwrite": True},
+            parser_kwargs={"description": "Train and evaluate the suite's GPT models with Lightning."},
+        )
     except ConfigError as exc:
         print(f"repro {command}: error: {exc}", file=sys.stderr)
         return 2

@@ -59,7 +59,9 @@ class MeanExp(MeanMetric):
         return torch.exp(super().compute())
 
 
-def lr_multiplier(step: int, warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float) -> float:
+def lr_multiplier(
+    step: int, warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float
+) -> float:
     """Learning-rate factor at an optimizer step: linear warmup, then cosine (or constant)."""
     if warmup_steps > 0 and step < warmup_steps:
         return (step + 1) / warmup_steps
@@ -80,7 +82,9 @@ class GPTLightningModule(L.LightningModule):
             update. (With strategy='clapping' the strategy's own ``nonfinite`` option applies.)
     """
 
-    def __init__(self, gpt: GPTConfig, optim: OptimConfig | None = None, nonfinite: Literal["raise", "skip"] = "raise") -> None:
+    def __init__(
+        self, gpt: GPTConfig, optim: OptimConfig | None = None, nonfinite: Literal["raise", "skip"] = "raise"
+    ) -> None:
         super().__init__()
         if nonfinite not in ("raise", "skip"):
             raise ValueError(f"model.nonfinite={nonfinite!r}: allowed values are ('raise', 'skip')")
@@ -138,7 +142,10 @@ class GPTLightningModule(L.LightningModule):
         for p in self.model.parameters():
             if p.requires_grad:
                 (decay if p.dim() >= 2 else no_decay).append(p)
-        groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        groups = [
+            {"params": decay, "weight_decay": cfg.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
         if cfg.name == "sgd":
             optimizer = torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
         else:

@@ -12,7 +12,7 @@ Both support a phase-off switch (``set_phase_off``): the rotation angle is force
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
@@ -40,11 +40,18 @@ class RotaryAttention(nn.Module):
 
     def _rope(self, T: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         table = rope_table(
-            self.rope_width, self.block_size, self.rope_convention, self.rope_reference_dim, self.rope_base, device
+            self.rope_width,
+            self.block_size,
+            self.rope_convention,
+            self.rope_reference_dim,
+            self.rope_base,
+            device,
         )
         return table.cos[:T], table.sin[:T]
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None
+    ) -> torch.Tensor:
         """Causal attention of (B, T, H, d) queries over (B, T, H or Hk, d) keys/values -> (B, T, H * d_v)."""
         B, T = q.shape[:2]
         y = F.scaled_dot_product_attention(
@@ -68,7 +75,7 @@ class RotaryAttention(nn.Module):
         if heads is None:
             self._phase_off_heads = None
             return
-        heads = sorted(set(int(h) for h in heads))
+        heads = sorted({int(h) for h in heads})
         bad = [h for h in heads if not 0 <= h < self.n_head]
         if bad:
             raise ValueError(f"phase-off heads {bad}: allowed heads are 0..{self.n_head - 1}")
@@ -172,7 +179,9 @@ class LatentAttention(RotaryAttention):
         self.kv_a_proj = nn.Linear(d, self.kv_lora_rank + self.rope_width, bias=config.bias)
         self.kv_a_norm = nn.RMSNorm(self.kv_lora_rank, eps=config.norm_eps)
         # W_UK and W_UV: per-head no-position keys and values from the latent.
-        self.kv_b_proj = nn.Linear(self.kv_lora_rank, H * (self.qk_nope_head_dim + self.v_head_dim), bias=config.bias)
+        self.kv_b_proj = nn.Linear(
+            self.kv_lora_rank, H * (self.qk_nope_head_dim + self.v_head_dim), bias=config.bias
+        )
         self.o_proj = nn.Linear(H * self.v_head_dim, d, bias=config.bias)
 
     @property

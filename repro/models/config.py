@@ -36,7 +36,9 @@ class GPTConfig:
     qk_rope_head_dim: list[int] | None = None  # MLA: rotary width d_R per layer, even, >= 0; None = d_nope
     # --- the rest of the block ---
     mlp: Literal["swiglu", "gelu"] = "swiglu"  # MLP kind
-    mlp_hidden: int | None = None  # MLP hidden width; None = 4*n_embd (gelu) or 8/3*n_embd rounded to 8 (swiglu)
+    mlp_hidden: int | None = (
+        None  # MLP hidden width; None = 4*n_embd (gelu) or 8/3*n_embd rounded to 8 (swiglu)
+    )
     norm_eps: float = 1e-5  # RMSNorm epsilon
     dropout: float = 0.0  # dropout on attention output and MLP output
     bias: bool = False  # bias in linear layers
@@ -96,9 +98,13 @@ class GPTConfig:
         for name in ("kv_lora_rank", "qk_nope_head_dim", "v_head_dim"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"GPTConfig.{name}={value!r}: must be a positive integer for attention='mla'")
+                raise ValueError(
+                    f"GPTConfig.{name}={value!r}: must be a positive integer for attention='mla'"
+                )
         if not isinstance(self.q_lora_rank, int) or self.q_lora_rank < 0:
-            raise ValueError(f"GPTConfig.q_lora_rank={self.q_lora_rank!r}: must be an integer >= 0 (0 = full rank)")
+            raise ValueError(
+                f"GPTConfig.q_lora_rank={self.q_lora_rank!r}: must be an integer >= 0 (0 = full rank)"
+            )
         if self.rope_dims is not None:
             raise ValueError("GPTConfig.rope_dims is set but attention='mla'; use qk_rope_head_dim for MLA")
         if self.n_kv_head not in (None, self.n_head):

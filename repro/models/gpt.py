@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -131,7 +131,7 @@ class GPT(nn.Module):
             attn.clear_phase_off()
 
     @contextlib.contextmanager
-    def phase_off(self, layers: Iterable[int] | Mapping[int, Iterable[int] | None]) -> Iterator["GPT"]:
+    def phase_off(self, layers: Iterable[int] | Mapping[int, Iterable[int] | None]) -> Iterator[GPT]:
         """Context manager: phase-off in ``layers`` inside the block, restored on exit."""
         saved = [(attn._phase_off, attn._phase_off_heads) for attn in self.attention_layers()]
         self.clear_phase_off()

@@ -34,7 +34,9 @@ def rope_frequencies(width: int, convention: str, reference_dim: int, base: floa
         return base ** (-exponents / width) if width > 0 else torch.zeros(0, dtype=torch.float64)
     if convention == "prope":
         if width > reference_dim:
-            raise ValueError(f"rope width={width}: p-RoPE cannot keep more than reference_dim={reference_dim} dims")
+            raise ValueError(
+                f"rope width={width}: p-RoPE cannot keep more than reference_dim={reference_dim} dims"
+            )
         return base ** (-exponents / reference_dim)
     raise ValueError(f"rope_convention={convention!r}: allowed values are ('neox', 'prope')")
 

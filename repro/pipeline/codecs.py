@@ -188,7 +188,9 @@ class ChannelCodec:
         for slot in sorted(self.slots):
             hasher.update(self.slots[slot].detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
         if self.sample_buffers is not None and self.sample_buffers.rows is not None:
-            hasher.update(self.sample_buffers.rows.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+            hasher.update(
+                self.sample_buffers.rows.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+            )
             hasher.update(self.sample_buffers.filled.numpy().tobytes())
         return hasher.hexdigest()
 
@@ -233,5 +235,7 @@ def build_codecs(
             if sample_buffers is None:
                 raise ValueError("method='aqsgd' needs per-sample buffers for its forward channels")
             rows = sample_buffers(boundary, role)
-        codecs[(direction, role)] = ChannelCodec(method, compressors[direction], boundary, direction, seed, rows)
+        codecs[(direction, role)] = ChannelCodec(
+            method, compressors[direction], boundary, direction, seed, rows
+        )
     return codecs

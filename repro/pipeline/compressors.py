@@ -83,7 +83,9 @@ class Compressor:
     def compress(self, x: torch.Tensor, seed: int = 0) -> Payload:
         raise NotImplementedError
 
-    def decompress(self, payload: Payload, shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    def decompress(
+        self, payload: Payload, shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0
+    ) -> torch.Tensor:
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -285,7 +287,9 @@ def build_compressor(spec: str | Compressor, field: str = "compressor") -> Compr
     """Build a compressor from its spec string (``quant(4)``, ``topk(0.05)``, ...)."""
     if isinstance(spec, Compressor):
         return spec
-    allowed = "identity, fp16, bf16, topk(ratio), randk(ratio), quant(bits[,stochastic][,scale=fp16|bf16|fp32])"
+    allowed = (
+        "identity, fp16, bf16, topk(ratio), randk(ratio), quant(bits[,stochastic][,scale=fp16|bf16|fp32])"
+    )
     match = _SPEC.match(str(spec))
     if not match or match.group(1) not in COMPRESSOR_KINDS:
         raise ValueError(f"{field}={spec!r}: unknown compressor; allowed: {allowed}")

@@ -35,8 +35,9 @@ def analytical_buffer_bytes(method: str, n: int, t: int, d: int, micro_batches: 
     return 4 * micro_batches * micro_batch * t * d * FLOAT32_BYTES
 
 
-def buffer_memory_points(sizes: Iterable[int], t: int, d: int, micro_batches: int, micro_batch: int,
-                         compressor: str) -> list[BufferMemoryPoint]:
+def buffer_memory_points(
+    sizes: Iterable[int], t: int, d: int, micro_batches: int, micro_batch: int, compressor: str
+) -> list[BufferMemoryPoint]:
     """For every N: the buffers of a middle rank's four channel ends after one message per slot."""
     comp = build_compressor(compressor)
     points = []
@@ -52,6 +53,9 @@ def buffer_memory_points(sizes: Iterable[int], t: int, d: int, micro_batches: in
                 measured += codec.buffer_nbytes
                 if rows is not None:
                     rows.rows = None  # release before the next size
-            points.append(BufferMemoryPoint(method, n, measured,
-                                            analytical_buffer_bytes(method, n, t, d, micro_batches, micro_batch)))
+            points.append(
+                BufferMemoryPoint(
+                    method, n, measured, analytical_buffer_bytes(method, n, t, d, micro_batches, micro_batch)
+                )
+            )
     return points

@@ -29,8 +29,12 @@ class LocalModel:
 
     freed_keys: set[str] = field(default_factory=set)  # state-dict entries that live on other stages
     tied: list[TiedParameter] = field(default_factory=list)  # parameters this rank shares with other stages
-    tied_groups: list[tuple[int, ...]] = field(default_factory=list)  # every distinct set of sharing stages (all ranks)
-    secondary: set[int] = field(default_factory=set)  # ids of tied params counted on a lower stage (grad norm)
+    tied_groups: list[tuple[int, ...]] = field(
+        default_factory=list
+    )  # every distinct set of sharing stages (all ranks)
+    secondary: set[int] = field(
+        default_factory=set
+    )  # ids of tied params counted on a lower stage (grad norm)
     owned_bytes: int = 0
 
 
@@ -97,7 +101,9 @@ def sum_tied_gradients(local: LocalModel, groups: dict[tuple[int, ...], object])
         dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=groups[tied.stages])
 
 
-def clip_global_grad_norm(params: list[nn.Parameter], local: LocalModel, device: torch.device, max_norm: float) -> None:
+def clip_global_grad_norm(
+    params: list[nn.Parameter], local: LocalModel, device: torch.device, max_norm: float
+) -> None:
     """Gradient-norm clipping over all stages (a tied parameter counts once, on its lowest stage)."""
     params = [p for p in params if p.grad is not None]
     sq = torch.zeros((), dtype=torch.float64, device=device)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import inspect
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import Sequence
 
-from .compressors import Compressor, build_compressor
 from .codecs import METHODS
+from .compressors import Compressor, build_compressor
 from .sample_buffers import SAMPLE_STORAGE
 from .schedule import SCHEDULES
 
@@ -22,24 +22,38 @@ START_METHODS = ("popen", "spawn", "fork")
 @dataclass
 class PipelineOptions:
     stages: int | None = None  # pipeline stages K; None = the number of processes (devices x nodes)
-    layers_per_stage: Sequence[int] | None = None  # explicit layer count per stage; None = as even as possible
+    layers_per_stage: Sequence[int] | None = (
+        None  # explicit layer count per stage; None = as even as possible
+    )
     micro_batches: int = 4  # M micro-batches per batch (the batch size must divide by M)
     schedule: str = "gpipe"  # 'gpipe' (all forwards, then all backwards) or '1f1b'
     method: str = "none"  # none | direct | ef21 | aqsgd | clapping_fc | clapping_fu
-    fwd_compressor: str = "identity"  # compressor of activations: identity, fp16, bf16, topk(r), randk(r), quant(bits)
+    fwd_compressor: str = (
+        "identity"  # compressor of activations: identity, fp16, bf16, topk(r), randk(r), quant(bits)
+    )
     bwd_compressor: str = "identity"  # compressor of activation gradients (same choices)
-    p: float = 1.0  # lazy sampling: probability that a step draws a fresh batch, in (0, 1]; 1 = ordinary sampling
-    sampler_seed: int | None = None  # seed of the shuffle and the lazy coins; None = the datamodule's shuffle_seed (or 0)
+    p: float = (
+        1.0  # lazy sampling: probability that a step draws a fresh batch, in (0, 1]; 1 = ordinary sampling
+    )
+    sampler_seed: int | None = (
+        None  # seed of the shuffle and the lazy coins; None = the datamodule's shuffle_seed (or 0)
+    )
     compression_seed: int = 0  # base seed of the per-message seeds (randk entries, stochastic rounding)
     warmup_epochs: int = 1  # aqsgd: epochs sent uncompressed while the per-sample buffers fill
     aqsgd_num_samples: int | None = None  # aqsgd: N rows per buffer; None = the training set's size
     aqsgd_storage: str = "memory"  # aqsgd buffers: 'memory' or 'memmap' (files under aqsgd_dir)
     aqsgd_dir: str | None = None  # aqsgd: directory of the memmap files
-    aqsgd_checkpoint_buffers: bool = False  # aqsgd: put the N x T x d rows in checkpoints (GBs); off = refill after resume
+    aqsgd_checkpoint_buffers: bool = (
+        False  # aqsgd: put the N x T x d rows in checkpoints (GBs); off = refill after resume
+    )
     sample_id_key: str = "sample_id"  # batch key of the sample ids (aqsgd)
-    bandwidth_mbps: float | None = None  # emulated link speed: each send waits bytes*8/bandwidth s; None = off
+    bandwidth_mbps: float | None = (
+        None  # emulated link speed: each send waits bytes*8/bandwidth s; None = off
+    )
     timeout_s: float = 300.0  # seconds any receive or collective may wait before the rank gives up
-    nonfinite: str = "raise"  # NaN/inf in a message or the loss: 'raise' (stop, naming step, boundary, direction) or 'skip' the update
+    nonfinite: str = (
+        "raise"  # NaN/inf in a message or the loss: 'raise' (stop, naming where) or 'skip' the update
+    )
     process_group_backend: str | None = None  # 'gloo' or 'nccl'; None = gloo on CPU, nccl on CUDA
     start_method: str = "popen"  # how ranks start: 'popen' (CLI, torchrun, SLURM), 'spawn' or 'fork'
     fwd: Compressor = field(init=False, repr=False, compare=False)  # built from fwd_compressor
@@ -50,14 +64,18 @@ class PipelineOptions:
             if value is None and allow_none:
                 return
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"strategy {name}={value!r}: must be a positive integer{' or null' if allow_none else ''}")
+                raise ValueError(
+                    f"strategy {name}={value!r}: must be a positive integer{' or null' if allow_none else ''}"
+                )
 
         positive_int("stages", self.stages, allow_none=True)
         positive_int("micro_batches", self.micro_batches)
         if self.layers_per_stage is not None:
             counts = list(self.layers_per_stage)
             if not counts or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in counts):
-                raise ValueError(f"strategy layers_per_stage={self.layers_per_stage!r}: must be a list of integers >= 1")
+                raise ValueError(
+                    f"strategy layers_per_stage={self.layers_per_stage!r}: must be a list of integers >= 1"
+                )
             self.layers_per_stage = counts
         if self.schedule not in SCHEDULES:
             raise ValueError(f"strategy schedule={self.schedule!r}: allowed values are {SCHEDULES}")
@@ -73,24 +91,40 @@ class PipelineOptions:
         if isinstance(self.p, bool) or not isinstance(self.p, (int, float)) or not 0.0 < float(self.p) <= 1.0:
             raise ValueError(f"strategy p={self.p!r}: the lazy-sampling probability must be in (0, 1]")
         self.p = float(self.p)
-        if isinstance(self.warmup_epochs, bool) or not isinstance(self.warmup_epochs, int) or self.warmup_epochs < 0:
+        if (
+            isinstance(self.warmup_epochs, bool)
+            or not isinstance(self.warmup_epochs, int)
+            or self.warmup_epochs < 0
+        ):
             raise ValueError(f"strategy warmup_epochs={self.warmup_epochs!r}: must be an integer >= 0")
         positive_int("aqsgd_num_samples", self.aqsgd_num_samples, allow_none=True)
         if self.aqsgd_storage not in SAMPLE_STORAGE:
-            raise ValueError(f"strategy aqsgd_storage={self.aqsgd_storage!r}: allowed values are {SAMPLE_STORAGE}")
+            raise ValueError(
+                f"strategy aqsgd_storage={self.aqsgd_storage!r}: allowed values are {SAMPLE_STORAGE}"
+            )
         if self.method == "aqsgd" and self.aqsgd_storage == "memmap" and not self.aqsgd_dir:
-            raise ValueError("strategy aqsgd_storage='memmap' needs aqsgd_dir (a directory for the buffer files)")
+            raise ValueError(
+                "strategy aqsgd_storage='memmap' needs aqsgd_dir (a directory for the buffer files)"
+            )
         if self.bandwidth_mbps is not None and (
-            isinstance(self.bandwidth_mbps, bool) or not isinstance(self.bandwidth_mbps, (int, float)) or self.bandwidth_mbps <= 0
+            isinstance(self.bandwidth_mbps, bool)
+            or not isinstance(self.bandwidth_mbps, (int, float))
+            or self.bandwidth_mbps <= 0
         ):
             raise ValueError(f"strategy bandwidth_mbps={self.bandwidth_mbps!r}: must be > 0 or null")
         if self.nonfinite not in NONFINITE:
             raise ValueError(f"strategy nonfinite={self.nonfinite!r}: allowed values are {NONFINITE}")
         if self.process_group_backend not in BACKENDS:
-            raise ValueError(f"strategy process_group_backend={self.process_group_backend!r}: allowed {BACKENDS}")
+            raise ValueError(
+                f"strategy process_group_backend={self.process_group_backend!r}: allowed {BACKENDS}"
+            )
         if self.start_method not in START_METHODS:
             raise ValueError(f"strategy start_method={self.start_method!r}: allowed {START_METHODS}")
-        if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or self.timeout_s <= 0:
+        if (
+            isinstance(self.timeout_s, bool)
+            or not isinstance(self.timeout_s, (int, float))
+            or self.timeout_s <= 0
+        ):
             raise ValueError(f"strategy timeout_s={self.timeout_s!r}: must be > 0")
 
     @property
@@ -109,5 +143,8 @@ def option_parameters() -> list[inspect.Parameter]:
     """Every option as a keyword parameter (its type and default): what a class that takes the
     options as keyword arguments shows to LightningCLI and ``--help``."""
     hints = typing.get_type_hints(PipelineOptions)
-    return [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name])
-            for f in fields(PipelineOptions) if f.init]
+    return [
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name])
+        for f in fields(PipelineOptions)
+        if f.init
+    ]

@@ -8,16 +8,17 @@ every rank since every rank sees the same batch) is seen; the receiver caches th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from .compressors import Payload
 from .codecs import ChannelCodec, MessageContext
-from .transport import StageLinks
+from .compressors import Payload
 from .schedule import Action, forward_schedule
 from .stage_parts import StageSplit
+from .transport import StageLinks
 
 
 class NonFiniteError(FloatingPointError):
@@ -30,9 +31,13 @@ class DirectionStats:
 
     payload_bytes: int = 0  # bytes sent
     raw_bytes: int = 0  # bytes the exact message would take (method none)
-    rel_error_sum: float | torch.Tensor = 0.0  # sum over messages of ||x_hat - x|| / ||x|| (a device tensor once set)
+    rel_error_sum: float | torch.Tensor = (
+        0.0  # sum over messages of ||x_hat - x|| / ||x|| (a device tensor once set)
+    )
     messages: int = 0
-    nonfinite: float | torch.Tensor = 0.0  # messages whose decoded value x_hat held NaN or inf (a device tensor once set)
+    nonfinite: float | torch.Tensor = (
+        0.0  # messages whose decoded value x_hat held NaN or inf (a device tensor once set)
+    )
 
 
 @dataclass
@@ -111,16 +116,22 @@ class StageRunner:
         self.input_fn = input_fn
         self.loss_fn = loss_fn
         self.stage = split.stage
-        self.shapes: dict[tuple, tuple[tuple[int, ...], torch.dtype]] = {}  # signature -> input message (shape, dtype)
+        self.shapes: dict[
+            tuple, tuple[tuple[int, ...], torch.dtype]
+        ] = {}  # signature -> input message (shape, dtype)
         self.sent_signatures: set[tuple] = set()
 
     # ------------------------------------------------------------------ receiving
     def _input_shape(self, signature: tuple, m: int) -> tuple[tuple[int, ...], torch.dtype]:
         if signature not in self.shapes:
-            self.shapes[signature] = self.links.recv_header(self.stage - 1, "fwd", 2 * m + 1, f"shape header {m}")
+            self.shapes[signature] = self.links.recv_header(
+                self.stage - 1, "fwd", 2 * m + 1, f"shape header {m}"
+            )
         return self.shapes[signature]
 
-    def _send_forward(self, y: torch.Tensor, m: int, signature: tuple, codec: ChannelCodec | None, ctx, stats):
+    def _send_forward(
+        self, y: torch.Tensor, m: int, signature: tuple, codec: ChannelCodec | None, ctx, stats
+    ):
         if signature not in self.sent_signatures:
             self.links.send_header(tuple(y.shape), y.dtype, self.stage + 1, "fwd", 2 * m + 1)
             self.sent_signatures.add(signature)
@@ -139,7 +150,9 @@ class StageRunner:
             stats.raw_bytes += x.numel() * x.element_size()
             if codec.mode(m, ctx) != "full":  # a full message is exact: its error is 0
                 # kept on the device: one host sync per step (in the strategy's reduction), not per message
-                rel = torch.linalg.vector_norm(x_hat.float() - x.float()) / torch.linalg.vector_norm(x.float()).clamp_min(1e-30)
+                rel = torch.linalg.vector_norm(x_hat.float() - x.float()) / torch.linalg.vector_norm(
+                    x.float()
+                ).clamp_min(1e-30)
                 stats.rel_error_sum = stats.rel_error_sum + rel
             stats.messages += 1
             # x_hat is what the receiver uses (a compressor can overflow: fp16 casts, fp16 scales)
@@ -147,7 +160,11 @@ class StageRunner:
 
     # ------------------------------------------------------------------ steps
     def train_step(
-        self, micro_batches: list[Any], contexts: list[MessageContext], schedule: list[Action], loss_scale: float
+        self,
+        micro_batches: list[Any],
+        contexts: list[MessageContext],
+        schedule: list[Action],
+        loss_scale: float,
     ) -> tuple[torch.Tensor | None, StepStats]:
         """Run the schedule; gradients accumulate into the parameters' ``.grad``. Returns the sum
         of the micro-batch losses (last stage; ``None`` elsewhere) and what this rank sent."""
@@ -182,7 +199,11 @@ class StageRunner:
                         nbytes = fwd_recv.payload_nbytes(shape, dtype, m, contexts[m])
                         pending_in[m] = links.recv(nbytes, self.stage - 1, "fwd", 2 * m, f"activation {m}")
                     data = pending_in.pop(m).wait()
-                    x = fwd_recv.decode(Payload(data), shape, dtype, m, contexts[m]).detach().requires_grad_(True)
+                    x = (
+                        fwd_recv.decode(Payload(data), shape, dtype, m, contexts[m])
+                        .detach()
+                        .requires_grad_(True)
+                    )
                 y = split.forward(x)
                 inputs[m] = x
                 if split.is_last:

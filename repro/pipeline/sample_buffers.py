@@ -23,7 +23,9 @@ class SampleBuffers:
         name: File name stem (unique per rank, boundary and direction).
     """
 
-    def __init__(self, num_samples: int, storage: str = "memory", directory: str | None = None, name: str = "buf") -> None:
+    def __init__(
+        self, num_samples: int, storage: str = "memory", directory: str | None = None, name: str = "buf"
+    ) -> None:
         if storage not in SAMPLE_STORAGE:
             raise ValueError(f"aqsgd_storage={storage!r}: allowed values are {SAMPLE_STORAGE}")
         if storage == "memmap" and not directory:
@@ -73,7 +75,11 @@ class SampleBuffers:
     def write(self, ids: torch.Tensor, values: torch.Tensor) -> None:
         ids = self._check_ids(ids)
         if self.rows is None:
-            self._allocate(tuple(values.shape[1:]), values.dtype, values.device if self.storage == "memory" else torch.device("cpu"))
+            self._allocate(
+                tuple(values.shape[1:]),
+                values.dtype,
+                values.device if self.storage == "memory" else torch.device("cpu"),
+            )
         self.rows[ids.to(self.rows.device)] = values.detach().to(self.rows.device, self.rows.dtype)
         self.filled[ids] = True
 
@@ -103,7 +109,9 @@ class SampleBuffers:
         if rows is None:
             self.rows = None
             return
-        self._allocate(tuple(rows.shape[1:]), rows.dtype, device if self.storage == "memory" else torch.device("cpu"))
+        self._allocate(
+            tuple(rows.shape[1:]), rows.dtype, device if self.storage == "memory" else torch.device("cpu")
+        )
         self.rows.copy_(rows.to(self.rows.device))
 
     def close(self) -> None:

@@ -92,8 +92,10 @@ def stage_adapter_for(module: object) -> StageAdapter:
     if callable(own):
         adapter = own()
         if not isinstance(adapter, StageAdapter):
-            raise TypeError(f"{type(module).__name__}.pipeline_stages() returned {type(adapter).__name__}, which lacks "
-                            "parts(), input(batch), loss(output, batch) or weight(batch)")
+            raise TypeError(
+                f"{type(module).__name__}.pipeline_stages() returned {type(adapter).__name__}, which lacks "
+                "parts(), input(batch), loss(output, batch) or weight(batch)"
+            )
         return adapter
     if isinstance(getattr(module, "model", None), GPT):
         return GPTStages(module.model)

@@ -32,17 +32,32 @@ class PipelineTimeout(RuntimeError):
 
 @dataclass
 class LinkCounters:
-    bytes_sent: dict[str, int] = field(default_factory=lambda: {"fwd": 0, "bwd": 0})  # payload bytes per direction
+    bytes_sent: dict[str, int] = field(
+        default_factory=lambda: {"fwd": 0, "bwd": 0}
+    )  # payload bytes per direction
     emulated_seconds: float = 0.0  # time the emulated link added (bandwidth_mbps)
 
 
 class PendingRecv:
-    def __init__(self, links: "StageLinks", work, buffer: torch.Tensor, device: torch.device, what: str, src: int):
-        self.links, self.work, self.buffer, self.device, self.what, self.src = links, work, buffer, device, what, src
+    def __init__(
+        self, links: StageLinks, work, buffer: torch.Tensor, device: torch.device, what: str, src: int
+    ):
+        self.links, self.work, self.buffer, self.device, self.what, self.src = (
+            links,
+            work,
+            buffer,
+            device,
+            what,
+            src,
+        )
 
     def wait(self) -> torch.Tensor:
         self.links._wait(self.work, self.what, self.src)
-        return self.buffer.to(self.device, non_blocking=False) if self.buffer.device != self.device else self.buffer
+        return (
+            self.buffer.to(self.device, non_blocking=False)
+            if self.buffer.device != self.device
+            else self.buffer
+        )
 
 
 class StageLinks:
@@ -101,7 +116,9 @@ class StageLinks:
         work = dist.irecv(buffer, src=src, group=self.groups[direction], tag=tag)
         return PendingRecv(self, work, buffer, self.device, what, src)
 
-    def send_header(self, shape: tuple[int, ...], dtype: torch.dtype, dst: int, direction: str, tag: int) -> None:
+    def send_header(
+        self, shape: tuple[int, ...], dtype: torch.dtype, dst: int, direction: str, tag: int
+    ) -> None:
         if len(shape) > 8:
             raise ValueError(f"pipeline messages may have at most 8 dimensions, got shape {tuple(shape)}")
         if dtype not in _DTYPES:
@@ -114,7 +131,9 @@ class StageLinks:
         work = dist.isend(wire, dst=dst, group=self.groups[direction], tag=tag)
         self._sends.append((work, wire))
 
-    def recv_header(self, src: int, direction: str, tag: int, what: str) -> tuple[tuple[int, ...], torch.dtype]:
+    def recv_header(
+        self, src: int, direction: str, tag: int, what: str
+    ) -> tuple[tuple[int, ...], torch.dtype]:
         data = self.recv(_HEADER_LEN * 8, src, direction, tag, what).wait().cpu()
         header = data.view(torch.int64)
         ndim = int(header[0])

@@ -9,7 +9,9 @@ import threading
 import time
 
 
-def exit_when_parent_dies(who: str, parent_role: str = "its launching process", poll_s: float = 1.0) -> threading.Thread:
+def exit_when_parent_dies(
+    who: str, parent_role: str = "its launching process", poll_s: float = 1.0
+) -> threading.Thread:
     """Start a daemon thread that ends this process (exit code 1, a message on stderr) within
     ``poll_s`` seconds of its parent process exiting for any reason, SIGKILL included."""
     parent = os.getppid()

@@ -76,7 +76,8 @@ class RunRecorder(L.Callback):
             "global_step": int(trainer.global_step),
             "pipeline": summary() if callable(summary) else None,
             "batch_tokens": int(trainer.datamodule.batch_size * trainer.datamodule.block_size)
-            if trainer.datamodule is not None else 0,
+            if trainer.datamodule is not None
+            else 0,
         }
         if trainer.global_rank == 0:
             write_json_atomic(_partial_path(self.spec), record)
@@ -93,7 +94,9 @@ class _EngineCLI(ReproCLI):
 
     def __init__(self, args: list[str], trainer_kwargs: dict[str, Any]) -> None:
         self._engine_trainer_kwargs = trainer_kwargs
-        super().__init__(args=args, run=False, save_config_callback=None, parser_kwargs={"exit_on_error": False})
+        super().__init__(
+            args=args, run=False, save_config_callback=None, parser_kwargs={"exit_on_error": False}
+        )
 
     def instantiate_trainer(self, **kwargs: Any):
         return super().instantiate_trainer(**{**kwargs, **self._engine_trainer_kwargs})
@@ -101,9 +104,15 @@ class _EngineCLI(ReproCLI):
 
 def cli_args(spec: RunSpec, cache_dir: str | None = None) -> list[str]:
     """The command line of ``repro fit`` that trains this run (apart from logs and devices)."""
-    args = ["--config", spec.config, f"--seed_everything={spec.seed}", f"--data.shuffle_seed={spec.seed}",
-            f"--trainer.max_steps={spec.steps}", f"--trainer.val_check_interval={spec.eval_every}",
-            "--trainer.check_val_every_n_epoch=null"]
+    args = [
+        "--config",
+        spec.config,
+        f"--seed_everything={spec.seed}",
+        f"--data.shuffle_seed={spec.seed}",
+        f"--trainer.max_steps={spec.steps}",
+        f"--trainer.val_check_interval={spec.eval_every}",
+        "--trainer.check_val_every_n_epoch=null",
+    ]
     args += [f"--{key}={json.dumps(value)}" for key, value in spec.override_dict().items()]
     if cache_dir:
         args.append(f"--data.cache_dir={cache_dir}")
@@ -112,8 +121,9 @@ def cli_args(spec: RunSpec, cache_dir: str | None = None) -> list[str]:
 
 def _trainer_kwargs(spec: RunSpec, slot: Slot, recorder: RunRecorder, backend: str | None) -> dict[str, Any]:
     kwargs: dict[str, Any] = dict(
-        logger=TensorBoardLogger(save_dir=str(Path(spec.folder) / "tb"), name=spec.name, version=0,
-                                 default_hp_metric=False),
+        logger=TensorBoardLogger(
+            save_dir=str(Path(spec.folder) / "tb"), name=spec.name, version=0, default_hp_metric=False
+        ),
         callbacks=[recorder],
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -132,8 +142,13 @@ def _trainer_kwargs(spec: RunSpec, slot: Slot, recorder: RunRecorder, backend: s
     return kwargs
 
 
-def train_run(spec: RunSpec, slot: Slot, cache_dir: str | None = None, backend: str | None = None,
-              fingerprint: str | None = None) -> RunResult:
+def train_run(
+    spec: RunSpec,
+    slot: Slot,
+    cache_dir: str | None = None,
+    backend: str | None = None,
+    fingerprint: str | None = None,
+) -> RunResult:
     """Train ``spec`` on ``slot`` and write its result (the caller checked it is not finished)."""
     start = time.perf_counter()
     torch.set_num_threads(slot.threads)
@@ -171,13 +186,28 @@ def train_run(spec: RunSpec, slot: Slot, cache_dir: str | None = None, backend: 
     return result
 
 
-def make_trainer(*, steps: int, devices: int = 1, accelerator: str = "cpu", strategy: Any = "auto",
-                 callbacks: list | None = None, eval_every: int | None = None, **kwargs: Any) -> L.Trainer:
+def make_trainer(
+    *,
+    steps: int,
+    devices: int = 1,
+    accelerator: str = "cpu",
+    strategy: Any = "auto",
+    callbacks: list | None = None,
+    eval_every: int | None = None,
+    **kwargs: Any,
+) -> L.Trainer:
     """A Trainer set up as the engine sets up its runs (no logger, checkpoints, progress bar or
     summary; validation only with ``eval_every``), for timed runs without a config file."""
     options: dict[str, Any] = dict(
-        accelerator=accelerator, devices=devices, strategy=strategy, max_steps=steps, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        accelerator=accelerator,
+        devices=devices,
+        strategy=strategy,
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
         callbacks=list(callbacks or []),
     )
     if eval_every is None:

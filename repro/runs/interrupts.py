@@ -6,8 +6,8 @@ records the signal as well, and ``stop_if_interrupted`` between runs ends the or
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 _received: list[int] = []
 
@@ -32,4 +32,6 @@ def remember_interrupts() -> Iterator[None]:
 def stop_if_interrupted() -> None:
     """Raise KeyboardInterrupt when a SIGINT arrived, even one whose exception was swallowed."""
     if _received:
-        raise KeyboardInterrupt(f"interrupted (signal {_received[0]}); finished runs are kept, rerun to resume")
+        raise KeyboardInterrupt(
+            f"interrupted (signal {_received[0]}); finished runs are kept, rerun to resume"
+        )

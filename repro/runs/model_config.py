@@ -22,8 +22,14 @@ from repro.models import GPTConfig
 LINKED_GPT_FIELDS = ("vocab_size", "block_size")
 # What an experiment decides for every run (its settings own these numbers): a model file that an
 # experiment trains must not set them.
-SCHEDULE_KEYS = ("seed_everything", "trainer.max_steps", "trainer.max_epochs", "trainer.val_check_interval",
-                 "trainer.check_val_every_n_epoch", "data.shuffle_seed")
+SCHEDULE_KEYS = (
+    "seed_everything",
+    "trainer.max_steps",
+    "trainer.max_epochs",
+    "trainer.val_check_interval",
+    "trainer.check_val_every_n_epoch",
+    "data.shuffle_seed",
+)
 
 
 def width_field(attention: str) -> str:
@@ -77,8 +83,10 @@ class ModelConfig:
         """An experiment owns the schedule of its runs: the file must not set it too."""
         found = [f"{k}={self.value(k)!r}" for k in SCHEDULE_KEYS if self.value(k) is not None]
         if found:
-            raise ValueError(f"{what} {self.path!r} sets {', '.join(found)}, which the experiment's settings own "
-                             f"(steps, evaluation interval, seeds); remove them from the model file")
+            raise ValueError(
+                f"{what} {self.path!r} sets {', '.join(found)}, which the experiment's settings own "
+                f"(steps, evaluation interval, seeds); remove them from the model file"
+            )
 
     def with_widths(self, widths: list[int], logger_name: str | None = None) -> dict[str, Any]:
         """The YAML document with the per-layer RoPE list replaced (and the run's logger name)."""
@@ -95,7 +103,11 @@ class ModelConfig:
 def load_model_config(path: str | Path) -> ModelConfig:
     path = Path(path).resolve()
     doc = read_yaml(path, "config file")
-    if not isinstance(doc, dict) or not isinstance(doc.get("model"), dict) or not isinstance(doc["model"].get("gpt"), dict):
+    if (
+        not isinstance(doc, dict)
+        or not isinstance(doc.get("model"), dict)
+        or not isinstance(doc["model"].get("gpt"), dict)
+    ):
         raise ValueError(f"config file {str(path)!r} has no model.gpt section; is it a repro fit config?")
     cfg = ModelConfig(
         path=str(path),

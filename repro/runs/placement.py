@@ -37,12 +37,15 @@ def check_accelerator(accelerator: str, gpus: int | None = None) -> None:
         raise ValueError(f"accelerator={accelerator!r}: allowed 'cpu' or 'gpu'")
     gpus = torch.cuda.device_count() if gpus is None else gpus
     if accelerator in ("gpu", "cuda") and gpus == 0:
-        raise ValueError(f"accelerator={accelerator!r} but no CUDA GPU is visible here; run this scale on a GPU "
-                         "machine, or give the settings accelerator: cpu (or --accelerator cpu) to run it on the CPU")
+        raise ValueError(
+            f"accelerator={accelerator!r} but no CUDA GPU is visible here; run this scale on a GPU "
+            "machine, or give the settings accelerator: cpu (or --accelerator cpu) to run it on the CPU"
+        )
 
 
-def single_run_slots(accelerator: str, workers: int, runs_per_gpu: int = 1, cores: int | None = None,
-                     gpus: int | None = None) -> list[Slot]:
+def single_run_slots(
+    accelerator: str, workers: int, runs_per_gpu: int = 1, cores: int | None = None, gpus: int | None = None
+) -> list[Slot]:
     """The slots that single-process runs share: ``workers`` CPU slots, or ``runs_per_gpu`` per GPU."""
     for name, value in (("workers", workers), ("runs_per_gpu", runs_per_gpu)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -55,7 +58,9 @@ def single_run_slots(accelerator: str, workers: int, runs_per_gpu: int = 1, core
     return [Slot("gpu", (i % gpus,), max(1, cores // n)) for i in range(n)]
 
 
-def pipeline_slot(accelerator: str, stages: int, cores: int | None = None, gpus: int | None = None) -> tuple[Slot, str]:
+def pipeline_slot(
+    accelerator: str, stages: int, cores: int | None = None, gpus: int | None = None
+) -> tuple[Slot, str]:
     """The slot of a pipeline run of ``stages`` processes, and its process-group backend."""
     cores = cores or os.cpu_count() or 1
     threads = max(1, cores // stages)

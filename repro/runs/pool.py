@@ -29,9 +29,16 @@ class Progress:
     The estimate is by optimizer steps (runs of different lengths, such as profile runs and full
     runs, share one progress). ``extend`` adds runs that become known later (a later stage)."""
 
-    def __init__(self, label: str, total_runs: int = 0, total_steps: int = 0, parallel: int = 1,
-                 quiet: bool = False) -> None:
-        self.label, self.total, self.total_steps, self.parallel, self.quiet = label, total_runs, total_steps, parallel, quiet
+    def __init__(
+        self, label: str, total_runs: int = 0, total_steps: int = 0, parallel: int = 1, quiet: bool = False
+    ) -> None:
+        self.label, self.total, self.total_steps, self.parallel, self.quiet = (
+            label,
+            total_runs,
+            total_steps,
+            parallel,
+            quiet,
+        )
         self.done = self.done_steps = self.trained = self.trained_steps = 0
         self.trained_s = 0.0
         self.start = time.perf_counter()
@@ -57,11 +64,20 @@ class Progress:
         loss = result.val_curve[-1][1] if result.val_curve else float("nan")
         left = ""
         if self.trained_steps:
-            seconds = self.trained_s / self.trained_steps * max(0, self.total_steps - self.done_steps) / self.parallel
+            seconds = (
+                self.trained_s
+                / self.trained_steps
+                * max(0, self.total_steps - self.done_steps)
+                / self.parallel
+            )
             left = f", about {_duration(seconds)} left"
         elapsed = time.perf_counter() - self.start
-        print(f"[{self.label}] run {self.done}/{max(self.total, self.done)} {spec.display}: {status}, "
-              f"val loss {loss:.4f}; elapsed {_duration(elapsed)}{left}", file=sys.stderr, flush=True)
+        print(
+            f"[{self.label}] run {self.done}/{max(self.total, self.done)} {spec.display}: {status}, "
+            f"val loss {loss:.4f}; elapsed {_duration(elapsed)}{left}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _duration(seconds: float) -> str:
@@ -128,14 +144,22 @@ def train_all(
     return {key: results[key] for key in keys}
 
 
-def _train_in_workers(jobs: list[tuple[RunSpec, str]], slots: list[Slot], cache_dir: str | None,
-                      finish: Callable[[RunSpec, RunResult], None]) -> None:
+def _train_in_workers(
+    jobs: list[tuple[RunSpec, str]],
+    slots: list[Slot],
+    cache_dir: str | None,
+    finish: Callable[[RunSpec, RunResult], None],
+) -> None:
     """Each slot runs one job at a time in its own spawned process."""
     todo = list(jobs)
     free = list(range(len(slots)))
     running: dict[Future, tuple[RunSpec, int]] = {}
-    with ProcessPoolExecutor(max_workers=min(len(slots), len(jobs)), mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_worker_init, initargs=(cache_dir,)) as pool:
+    with ProcessPoolExecutor(
+        max_workers=min(len(slots), len(jobs)),
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_worker_init,
+        initargs=(cache_dir,),
+    ) as pool:
         while todo or running:
             while todo and free:
                 spec, fingerprint = todo.pop(0)

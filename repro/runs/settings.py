@@ -33,8 +33,10 @@ def shipped_settings(experiment: str, scale: str, scales: tuple[str, ...]) -> Pa
         raise ValueError(f"--scale={scale!r}: allowed {scales}")
     path = EXPERIMENTS_DIR / experiment / f"{scale}.yaml"
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: the shipped settings are not here; run from a clone of the repository "
-                                f"(pip install -e .) or pass --settings FILE")
+        raise FileNotFoundError(
+            f"{path}: the shipped settings are not here; run from a clone of the repository "
+            f"(pip install -e .) or pass --settings FILE"
+        )
     return path
 
 
@@ -53,11 +55,16 @@ def load_settings(cls: type[S], path: str | os.PathLike, what: str, **overrides:
         raise FileNotFoundError(missing_file_message(path, what))
     parser = _parser(cls)
     try:
-        namespace = parser.instantiate(parser.parse_args(["--settings", str(path)]))  # nested dataclasses built
+        namespace = parser.instantiate(
+            parser.parse_args(["--settings", str(path)])
+        )  # nested dataclasses built
     except Exception as exc:  # jsonargparse raises ArgumentError (and TypeError for some values)
         raise ValueError(f"{what} {str(path)!r}: {_one_line(exc, cls)}") from None
-    values = {f.name: _plain(namespace.get(f.name)) for f in dataclasses.fields(cls) if f.init and f.name != "path"
-              and f.name in namespace}
+    values = {
+        f.name: _plain(namespace.get(f.name))
+        for f in dataclasses.fields(cls)
+        if f.init and f.name != "path" and f.name in namespace
+    }
     values.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return cls(**values, path=str(path))
@@ -82,7 +89,9 @@ def _one_line(exc: Exception, cls: type) -> str:
     """jsonargparse's message as one line naming the field, the value and what is allowed."""
     text = re.sub(r"\s+", " ", " ".join(line.strip() for line in str(exc).splitlines() if line.strip()))
     allowed = [f.name for f in dataclasses.fields(cls) if f.init and f.name != "path"]
-    unknown = re.findall(r"Option '([^']+)' is not accepted", text) or re.findall(r"[Uu]nrecognized arguments?: (\S+)", text)
+    unknown = re.findall(r"Option '([^']+)' is not accepted", text) or re.findall(
+        r"[Uu]nrecognized arguments?: (\S+)", text
+    )
     if unknown:
         return f"unknown fields {unknown}; allowed {allowed}"
     key = re.search(r'Parser key "([^"]+)"', text)

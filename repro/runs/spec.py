@@ -16,9 +16,17 @@ from typing import Any
 from repro.files import read_yaml
 
 # Keys of a model config that do not change a run's numbers (where logs go, what is printed).
-NOT_RESULTS = ("trainer.logger", "trainer.callbacks", "trainer.enable_progress_bar", "trainer.enable_model_summary",
-               "trainer.enable_checkpointing", "trainer.log_every_n_steps", "trainer.default_root_dir",
-               "data.cache_dir", "data.num_workers")
+NOT_RESULTS = (
+    "trainer.logger",
+    "trainer.callbacks",
+    "trainer.enable_progress_bar",
+    "trainer.enable_model_summary",
+    "trainer.enable_checkpointing",
+    "trainer.log_every_n_steps",
+    "trainer.default_root_dir",
+    "data.cache_dir",
+    "data.num_workers",
+)
 
 
 def _frozen(value: Any) -> Any:
@@ -43,24 +51,48 @@ class RunSpec:
     seed: int  # seed_everything and data.shuffle_seed: one init and one data order
     steps: int  # optimizer steps (trainer.max_steps)
     eval_every: int  # validation interval in steps; the last evaluation falls on the final step
-    overrides: tuple[tuple[str, Any], ...] = ()  # dotted config keys the experiment sets, e.g. model.gpt.rope_dims
+    overrides: tuple[
+        tuple[str, Any], ...
+    ] = ()  # dotted config keys the experiment sets, e.g. model.gpt.rope_dims
     pipeline: tuple[tuple[str, Any], ...] = ()  # ClappingStrategy options; empty = one process
     stages: int = 1  # processes of a pipeline run (one per stage); 1 = a single-process run
     save_checkpoint: bool = False  # also write <folder>/<name>.ckpt at the end
     label: str = field(default="", compare=False)  # how progress lines name the run (default: the name)
 
     @staticmethod
-    def make(name: str, folder: str | Path, config: str | Path, seed: int, steps: int, eval_every: int,
-             overrides: Mapping[str, Any] | None = None, pipeline: Mapping[str, Any] | None = None,
-             stages: int = 1, save_checkpoint: bool = False, label: str = "") -> RunSpec:
+    def make(
+        name: str,
+        folder: str | Path,
+        config: str | Path,
+        seed: int,
+        steps: int,
+        eval_every: int,
+        overrides: Mapping[str, Any] | None = None,
+        pipeline: Mapping[str, Any] | None = None,
+        stages: int = 1,
+        save_checkpoint: bool = False,
+        label: str = "",
+    ) -> RunSpec:
         """A spec from plain values (lists and dicts are frozen so the spec is hashable)."""
         for what, value in (("seed", seed), ("steps", steps), ("eval_every", eval_every), ("stages", stages)):
             if isinstance(value, bool) or not isinstance(value, int) or value < (0 if what == "seed" else 1):
-                raise ValueError(f"run {name!r}: {what}={value!r} must be a {'non-negative' if what == 'seed' else 'positive'} integer")
-        return RunSpec(name, str(folder), str(Path(config).resolve()), seed, steps, eval_every,
-                       tuple((k, _frozen(v)) for k, v in (overrides or {}).items()),
-                       tuple(sorted((k, _frozen(v)) for k, v in (pipeline or {}).items())), stages, save_checkpoint,
-                       label)
+                raise ValueError(
+                    f"run {name!r}: {what}={value!r} must be a {'non-negative' if what == 'seed' else 'positive'} "
+                    "integer"
+                )
+        return RunSpec(
+            name,
+            str(folder),
+            str(Path(config).resolve()),
+            seed,
+            steps,
+            eval_every,
+            tuple((k, _frozen(v)) for k, v in (overrides or {}).items()),
+            tuple(sorted((k, _frozen(v)) for k, v in (pipeline or {}).items())),
+            stages,
+            save_checkpoint,
+            label,
+        )
 
     @property
     def key(self) -> str:
@@ -88,8 +120,14 @@ class RunSpec:
         return doc
 
     def fingerprint(self) -> str:
-        payload = {"model": self.resolved_config(), "seed": self.seed, "steps": self.steps,
-                   "eval_every": self.eval_every, "pipeline": self.pipeline_dict(), "stages": self.stages}
+        payload = {
+            "model": self.resolved_config(),
+            "seed": self.seed,
+            "steps": self.steps,
+            "eval_every": self.eval_every,
+            "pipeline": self.pipeline_dict(),
+            "stages": self.stages,
+        }
         return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

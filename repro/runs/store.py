@@ -31,7 +31,9 @@ class RunResult:
     threads: int  # torch threads of the run's process(es)
     device: str  # where it ran (cpu, cuda:0, ...)
     provenance: dict[str, Any]  # commit, machine, time
-    pipeline: dict[str, Any] | None = None  # the pipeline strategy's summary (bytes, buffers), pipeline runs only
+    pipeline: dict[str, Any] | None = (
+        None  # the pipeline strategy's summary (bytes, buffers), pipeline runs only
+    )
     checkpoint: str | None = None  # <folder>/<name>.ckpt when the spec asked for one
     reused: bool = field(default=False, compare=False)  # found finished on disk (not stored)
 
@@ -45,8 +47,10 @@ class RunResult:
     def mean_last(self, n: int) -> float:
         """Mean of the last n evaluations of the validation curve."""
         if len(self.val_curve) < n:
-            raise ValueError(f"{self.name}: {len(self.val_curve)} evaluations, fewer than the {n} to average; "
-                             "train longer or lower n")
+            raise ValueError(
+                f"{self.name}: {len(self.val_curve)} evaluations, fewer than the {n} to average; "
+                "train longer or lower n"
+            )
         return sum(loss for _, loss in self.val_curve[-n:]) / n
 
     def to_dict(self) -> dict[str, Any]:

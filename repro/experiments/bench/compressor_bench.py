@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -30,7 +31,9 @@ def analytical_bytes(comp: Compressor, shape: tuple[int, ...]) -> int:
     if isinstance(comp, RandK):
         return max(1, min(n, math.ceil(comp.ratio * n))) * 4
     if isinstance(comp, Quantize):
-        return shape[-1] * torch.tensor([], dtype=comp.scale_dtype).element_size() + math.ceil(n * comp.bits / 8)
+        return shape[-1] * torch.tensor([], dtype=comp.scale_dtype).element_size() + math.ceil(
+            n * comp.bits / 8
+        )
     return 2 * n  # fp16 / bf16 casts
 
 
@@ -56,13 +59,24 @@ def bench_compressors(s: BenchSettings, progress: Callable[[str], None]) -> list
             saved_s = (raw - achieved) * 8 / (s.bandwidth_mbps * 1e6)
             gbps = [raw / t / 1e9 for t in seconds]
             median_s = sorted(seconds)[len(seconds) // 2]
-            rows.append(row(
-                "compressors", f"{spec} {list(shape)}", "compress+decompress throughput", "GB/s of input", gbps,
-                extra={
-                    "shape": list(shape), "achieved_bytes": achieved, "analytical_bytes": analytic,
-                    "bytes_rel_diff": abs(achieved - analytic) / analytic, "bytes_goal_met": abs(achieved - analytic) <= 0.01 * analytic,
-                    "compression_ratio": achieved / raw, "codec_s": median_s,
-                    "link_saved_s": saved_s, "time_goal_met": median_s < saved_s,
-                },
-            ))
+            rows.append(
+                row(
+                    "compressors",
+                    f"{spec} {list(shape)}",
+                    "compress+decompress throughput",
+                    "GB/s of input",
+                    gbps,
+                    extra={
+                        "shape": list(shape),
+                        "achieved_bytes": achieved,
+                        "analytical_bytes": analytic,
+                        "bytes_rel_diff": abs(achieved - analytic) / analytic,
+                        "bytes_goal_met": abs(achieved - analytic) <= 0.01 * analytic,
+                        "compression_ratio": achieved / raw,
+                        "codec_s": median_s,
+                        "link_saved_s": saved_s,
+                        "time_goal_met": median_s < saved_s,
+                    },
+                )
+            )
     return rows

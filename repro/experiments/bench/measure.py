@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 
 def summary(values: Sequence[float]) -> dict[str, Any]:
@@ -23,13 +24,30 @@ def summary(values: Sequence[float]) -> dict[str, Any]:
     }
 
 
-def row(section: str, name: str, metric: str, unit: str, values: Sequence[float], *,
-        reference: str | None = None, ratios: Sequence[float] | None = None, ratio_meaning: str | None = None,
-        goal: float | None = None, goal_kind: str = "min", extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def row(
+    section: str,
+    name: str,
+    metric: str,
+    unit: str,
+    values: Sequence[float],
+    *,
+    reference: str | None = None,
+    ratios: Sequence[float] | None = None,
+    ratio_meaning: str | None = None,
+    goal: float | None = None,
+    goal_kind: str = "min",
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """One row: the measurement's summary and, against a reference, the summary of the ratios
     (one ratio per interleaved repeat, so drift of the shared machine cancels within a pair).
     ``goal`` is met when the median ratio is >= goal (goal_kind 'min') or <= goal ('max')."""
-    out: dict[str, Any] = {"section": section, "name": name, "metric": metric, "unit": unit, **summary(values)}
+    out: dict[str, Any] = {
+        "section": section,
+        "name": name,
+        "metric": metric,
+        "unit": unit,
+        **summary(values),
+    }
     out["reference"] = reference
     out["ratio"] = None
     if ratios is not None:

@@ -4,7 +4,8 @@ code; and the peak resident memory of the pipeline processes (from the pipeline 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from repro.pipeline.memory import buffer_memory_points
 
@@ -12,19 +13,40 @@ from .measure import row
 from .settings import BenchSettings
 
 
-def bench_memory(s: BenchSettings, progress: Callable[[str], None], store: dict[str, Any]) -> list[dict[str, Any]]:
+def bench_memory(
+    s: BenchSettings, progress: Callable[[str], None], store: dict[str, Any]
+) -> list[dict[str, Any]]:
     progress("memory: AQ-SGD and Clapping buffers for N in " + ", ".join(map(str, s.memory_sizes)))
-    points = buffer_memory_points(s.memory_sizes, s.block_size, s.n_embd, s.micro_batches,
-                                  s.batch_size // s.micro_batches, "quant(4)")
+    points = buffer_memory_points(
+        s.memory_sizes, s.block_size, s.n_embd, s.micro_batches, s.batch_size // s.micro_batches, "quant(4)"
+    )
     rows = []
     for p in points:
-        rows.append(row("memory", f"{p.method} buffers of a middle rank, N={p.N}", "buffer memory", "bytes",
-                        [p.measured_bytes], extra={"N": p.N, "analytical_bytes": p.analytical_bytes,
-                                                   "method": p.method}))
+        rows.append(
+            row(
+                "memory",
+                f"{p.method} buffers of a middle rank, N={p.N}",
+                "buffer memory",
+                "bytes",
+                [p.measured_bytes],
+                extra={"N": p.N, "analytical_bytes": p.analytical_bytes, "method": p.method},
+            )
+        )
     pipe = store.get("pipeline")
     if pipe:
-        for framework, runs in (("clapping none+identity", pipe["ours"]), ("torch.distributed.pipelining", pipe["torch"])):
+        for framework, runs in (
+            ("clapping none+identity", pipe["ours"]),
+            ("torch.distributed.pipelining", pipe["torch"]),
+        ):
             for k, res in runs.items():
-                rows.append(row("memory", f"{framework} K={k}: peak RSS of the largest rank", "peak process memory", "bytes",
-                                [max(x["peak_rss"]) for x in res], extra={"stages": k}))
+                rows.append(
+                    row(
+                        "memory",
+                        f"{framework} K={k}: peak RSS of the largest rank",
+                        "peak process memory",
+                        "bytes",
+                        [max(x["peak_rss"]) for x in res],
+                        extra={"stages": k},
+                    )
+                )
     return rows

@@ -4,7 +4,8 @@ one process, the emulated slow network, and the growth of step time and bytes wi
 from __future__ import annotations
 
 import statistics
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .measure import pairwise, row
 from .pipelines import clapping_run, one_process_run, torch_pipelining_run
@@ -15,7 +16,9 @@ OURS = "clapping none+identity"
 TORCH = "torch.distributed.pipelining GPipe"
 
 
-def bench_pipeline(s: BenchSettings, progress: Callable[[str], None], store: dict[str, Any]) -> list[dict[str, Any]]:
+def bench_pipeline(
+    s: BenchSettings, progress: Callable[[str], None], store: dict[str, Any]
+) -> list[dict[str, Any]]:
     cfg = gpt_config(s)
     tokens = s.batch_size * s.block_size
     one: list[float] = []
@@ -25,7 +28,9 @@ def bench_pipeline(s: BenchSettings, progress: Callable[[str], None], store: dic
         progress(f"pipeline: repeat {r + 1} of {s.pipe_repeats}: one process")
         one.append(one_process_run(cfg, s, seed=r)["step_s"])
         for k in s.stages:
-            progress(f"pipeline: repeat {r + 1} of {s.pipe_repeats}: K={k} clapping, then torch.distributed.pipelining")
+            progress(
+                f"pipeline: repeat {r + 1} of {s.pipe_repeats}: K={k} clapping, then torch.distributed.pipelining"
+            )
             ours[k].append(clapping_run(cfg, s, k, seed=r))
             ref[k].append(torch_pipelining_run(cfg, s, k, seed=r))
     store["pipeline"] = {"ours": ours, "torch": ref, "one_process_step_s": one}
@@ -34,16 +39,43 @@ def bench_pipeline(s: BenchSettings, progress: Callable[[str], None], store: dic
     for k in s.stages:
         ours_tps = [tokens / x["step_s"] for x in ours[k]]
         ref_tps = [tokens / x["step_s"] for x in ref[k]]
-        rows.append(row("pipeline", f"{TORCH} K={k}", "throughput", "tokens/s", ref_tps,
-                        extra={"stages": k, "peak_rss_max": max(max(x["peak_rss"]) for x in ref[k])}))
-        rows.append(row("pipeline", f"{OURS} K={k}", "throughput", "tokens/s", ours_tps,
-                        reference=f"{TORCH} K={k}", ratios=pairwise(ours_tps, ref_tps),
-                        ratio_meaning="tokens/s of ours / tokens/s of torch.distributed.pipelining", goal=1.0,
-                        extra={"stages": k, "peak_rss_max": max(max(x["peak_rss"]) for x in ours[k])}))
-        rows.append(row("pipeline", f"{OURS} K={k} vs one process", "throughput", "tokens/s", ours_tps,
-                        reference="one process (Lightning, all cores)", ratios=pairwise(ours_tps, one_tps),
-                        ratio_meaning="tokens/s at K stages / tokens/s of one process (the bubble and transfer cost)",
-                        extra={"stages": k}))
+        rows.append(
+            row(
+                "pipeline",
+                f"{TORCH} K={k}",
+                "throughput",
+                "tokens/s",
+                ref_tps,
+                extra={"stages": k, "peak_rss_max": max(max(x["peak_rss"]) for x in ref[k])},
+            )
+        )
+        rows.append(
+            row(
+                "pipeline",
+                f"{OURS} K={k}",
+                "throughput",
+                "tokens/s",
+                ours_tps,
+                reference=f"{TORCH} K={k}",
+                ratios=pairwise(ours_tps, ref_tps),
+                ratio_meaning="tokens/s of ours / tokens/s of torch.distributed.pipelining",
+                goal=1.0,
+                extra={"stages": k, "peak_rss_max": max(max(x["peak_rss"]) for x in ours[k])},
+            )
+        )
+        rows.append(
+            row(
+                "pipeline",
+                f"{OURS} K={k} vs one process",
+                "throughput",
+                "tokens/s",
+                ours_tps,
+                reference="one process (Lightning, all cores)",
+                ratios=pairwise(ours_tps, one_tps),
+                ratio_meaning="tokens/s at K stages / tokens/s of one process (the bubble and transfer cost)",
+                extra={"stages": k},
+            )
+        )
     return rows
 
 
@@ -66,20 +98,32 @@ def bench_network(s: BenchSettings, progress: Callable[[str], None]) -> list[dic
         # Amdahl: only the link time shrinks, by the compression ratio (at best)
         bound = [b / (b - n + n * ratio) for b, n in zip(base_step, base_net)]
         is_ref = run.label == base
-        rows.append(row(
-            "network", f"{run.label} @ {s.bandwidth_mbps:g} Mbps K={k}", "step time", "s/step", step,
-            reference=None if is_ref else f"{base} @ {s.bandwidth_mbps:g} Mbps K={k}",
-            ratios=None if is_ref else pairwise(base_step, step),
-            ratio_meaning=None if is_ref else "speed-up: step time of none / step time of this method",
-            extra={"compression_ratio": ratio, "speedup_bound_1_over_ratio": 1.0 / ratio,
-                   "speedup_bound_amdahl": statistics.median(bound),
-                   "link_time_per_step_s": statistics.median(x["net_time_per_step_s"] for x in res),
-                   "bytes_per_step": res[0]["bytes_per_step"], "stages": k},
-        ))
+        rows.append(
+            row(
+                "network",
+                f"{run.label} @ {s.bandwidth_mbps:g} Mbps K={k}",
+                "step time",
+                "s/step",
+                step,
+                reference=None if is_ref else f"{base} @ {s.bandwidth_mbps:g} Mbps K={k}",
+                ratios=None if is_ref else pairwise(base_step, step),
+                ratio_meaning=None if is_ref else "speed-up: step time of none / step time of this method",
+                extra={
+                    "compression_ratio": ratio,
+                    "speedup_bound_1_over_ratio": 1.0 / ratio,
+                    "speedup_bound_amdahl": statistics.median(bound),
+                    "link_time_per_step_s": statistics.median(x["net_time_per_step_s"] for x in res),
+                    "bytes_per_step": res[0]["bytes_per_step"],
+                    "stages": k,
+                },
+            )
+        )
     return rows
 
 
-def bench_scale(s: BenchSettings, progress: Callable[[str], None], store: dict[str, Any]) -> list[dict[str, Any]]:
+def bench_scale(
+    s: BenchSettings, progress: Callable[[str], None], store: dict[str, Any]
+) -> list[dict[str, Any]]:
     rows = []
     # K curve: the pipeline section's runs (rerun here when that section was skipped)
     measured = store.get("pipeline", {}).get("ours")
@@ -92,8 +136,16 @@ def bench_scale(s: BenchSettings, progress: Callable[[str], None], store: dict[s
                 measured[k].append(clapping_run(cfg, s, k, seed=r))
     for k in s.stages:
         res = measured[k]
-        rows.append(row("scale", f"K curve: {OURS} K={k} T={s.block_size}", "step time", "s/step", [x["step_s"] for x in res],
-                        extra={"stages": k, "seq_len": s.block_size, "bytes_per_step": res[0]["bytes_per_step"]}))
+        rows.append(
+            row(
+                "scale",
+                f"K curve: {OURS} K={k} T={s.block_size}",
+                "step time",
+                "s/step",
+                [x["step_s"] for x in res],
+                extra={"stages": k, "seq_len": s.block_size, "bytes_per_step": res[0]["bytes_per_step"]},
+            )
+        )
     k = s.seq_stages
     by_t: dict[int, list[dict]] = {}
     if k in measured:
@@ -105,6 +157,14 @@ def bench_scale(s: BenchSettings, progress: Callable[[str], None], store: dict[s
             by_t.setdefault(t, []).append(clapping_run(gpt_config(s, block_size=t), s, k, seed=r))
     for t in s.seq_lengths:
         res = by_t[t]
-        rows.append(row("scale", f"T curve: {OURS} K={k} T={t}", "step time", "s/step", [x["step_s"] for x in res],
-                        extra={"stages": k, "seq_len": t, "bytes_per_step": res[0]["bytes_per_step"]}))
+        rows.append(
+            row(
+                "scale",
+                f"T curve: {OURS} K={k} T={t}",
+                "step time",
+                "s/step",
+                [x["step_s"] for x in res],
+                extra={"stages": k, "seq_len": t, "bytes_per_step": res[0]["bytes_per_step"]},
+            )
+        )
     return rows

@@ -64,12 +64,20 @@ class _RankReport(L.Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("pipe/")}
-        write_json_atomic(self.folder / f"rank{trainer.global_rank}.json",
-                    {"times": self.times, "metrics": metrics, "peak_rss": peak_rss_bytes()})
+        write_json_atomic(
+            self.folder / f"rank{trainer.global_rank}.json",
+            {"times": self.times, "metrics": metrics, "peak_rss": peak_rss_bytes()},
+        )
 
 
-def clapping_run(cfg: GPTConfig, s: BenchSettings, k: int, run: NetworkRun | None = None,
-                 bandwidth_mbps: float | None = None, seed: int = 0) -> dict[str, Any]:
+def clapping_run(
+    cfg: GPTConfig,
+    s: BenchSettings,
+    k: int,
+    run: NetworkRun | None = None,
+    bandwidth_mbps: float | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
     """One run of the clapping strategy at K stages; returns step time, bytes per step and peak
     memory per rank."""
     run = run or NetworkRun("none")
@@ -79,12 +87,19 @@ def clapping_run(cfg: GPTConfig, s: BenchSettings, k: int, run: NetworkRun | Non
         torch.manual_seed(seed)
         module = GPTLightningModule(cfg, OPTIM)
         strategy = ClappingStrategy(
-            micro_batches=s.micro_batches, method=run.method, fwd_compressor=run.fwd_compressor,
-            bwd_compressor=run.bwd_compressor, p=run.p, sampler_seed=seed, bandwidth_mbps=bandwidth_mbps,
-            start_method="fork", timeout_s=300,
+            micro_batches=s.micro_batches,
+            method=run.method,
+            fwd_compressor=run.fwd_compressor,
+            bwd_compressor=run.bwd_compressor,
+            p=run.p,
+            sampler_seed=seed,
+            bandwidth_mbps=bandwidth_mbps,
+            start_method="fork",
+            timeout_s=300,
         )
-        trainer = make_trainer(steps=steps, devices=k, strategy=strategy,
-                               callbacks=[_RankReport(folder, threads_per_process(k))])
+        trainer = make_trainer(
+            steps=steps, devices=k, strategy=strategy, callbacks=[_RankReport(folder, threads_per_process(k))]
+        )
         trainer.fit(module, train_dataloaders=loader(s, steps, cfg.block_size))
         ranks = _read_ranks(folder, k)
     m = ranks[0]["metrics"]
@@ -104,7 +119,9 @@ def stage_module(gpt: GPT, rank: int, k: int) -> torch.nn.Sequential:
     return torch.nn.Sequential(*split.modules_of(rank))
 
 
-def _torch_worker(rank: int, k: int, port: int, cfg: GPTConfig, s: BenchSettings, folder: str, seed: int) -> None:
+def _torch_worker(
+    rank: int, k: int, port: int, cfg: GPTConfig, s: BenchSettings, folder: str, seed: int
+) -> None:
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe  # heavy; only in these workers
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -146,9 +163,17 @@ def torch_pipelining_run(cfg: GPTConfig, s: BenchSettings, k: int, seed: int = 0
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="repro-bench-") as tmp:
-        mp.start_processes(_torch_worker, args=(k, find_free_network_port(), cfg, s, tmp, seed), nprocs=k, start_method="fork")
+        mp.start_processes(
+            _torch_worker,
+            args=(k, find_free_network_port(), cfg, s, tmp, seed),
+            nprocs=k,
+            start_method="fork",
+        )
         ranks = _read_ranks(Path(tmp), k)
-    return {"step_s": _mean_step_s(ranks[0]["times"], s.pipe_warmup_steps), "peak_rss": [r["peak_rss"] for r in ranks]}
+    return {
+        "step_s": _mean_step_s(ranks[0]["times"], s.pipe_warmup_steps),
+        "peak_rss": [r["peak_rss"] for r in ranks],
+    }
 
 
 def one_process_run(cfg: GPTConfig, s: BenchSettings, seed: int = 0) -> dict[str, Any]:

@@ -10,8 +10,9 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -94,8 +95,10 @@ def _note(r: dict[str, Any]) -> str:
     if sec == "compressors":
         ok = "ok" if r["bytes_goal_met"] else "MISSED"
         t = "ok" if r["time_goal_met"] else "MISSED"
-        return (f"ratio {r['compression_ratio']:.3f}; bytes {r['achieved_bytes']} vs {r['analytical_bytes']} ({ok}); "
-                f"codec {r['codec_s'] * 1e3:.2f} ms vs link saves {r['link_saved_s'] * 1e3:.1f} ms ({t})")
+        return (
+            f"ratio {r['compression_ratio']:.3f}; bytes {r['achieved_bytes']} vs {r['analytical_bytes']} ({ok}); "
+            f"codec {r['codec_s'] * 1e3:.2f} ms vs link saves {r['link_saved_s'] * 1e3:.1f} ms ({t})"
+        )
     if sec == "network":
         out = f"ratio {r['compression_ratio']:.3f}; link {r['link_time_per_step_s']:.3f} s/step"
         if r.get("reference"):
@@ -161,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"repro bench: error: {exc}", file=sys.stderr)
         return 2
     print((Path(args.out) / "bench.md").read_text())
-    print(f"[bench] wrote {Path(args.out) / 'bench.json'} in {report['wall_s'] / 60:.1f} min", file=sys.stderr)
+    print(
+        f"[bench] wrote {Path(args.out) / 'bench.json'} in {report['wall_s'] / 60:.1f} min", file=sys.stderr
+    )
     return 0
 
 

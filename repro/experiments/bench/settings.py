@@ -31,7 +31,11 @@ class NetworkRun:
     def label(self) -> str:
         if self.method == "none":
             return "none" if self.p == 1.0 else f"none p={self.p:g}"
-        comp = self.fwd_compressor if self.fwd_compressor == self.bwd_compressor else f"{self.fwd_compressor}/{self.bwd_compressor}"
+        comp = (
+            self.fwd_compressor
+            if self.fwd_compressor == self.bwd_compressor
+            else f"{self.fwd_compressor}/{self.bwd_compressor}"
+        )
         return f"{self.method} {comp}" + (f" p={self.p:g}" if self.p != 1.0 else "")
 
 
@@ -59,14 +63,29 @@ class BenchSettings:
     seq_stages: int = 2  # K of the sequence-length curve
     bandwidth_mbps: float = 100.0  # emulated link of the network section
     network_stages: int = 4  # K of the network section
-    network_runs: tuple[NetworkRun, ...] = (  # methods timed on the emulated link (the first, 'none', is the reference)
+    network_runs: tuple[
+        NetworkRun, ...
+    ] = (  # methods timed on the emulated link (the first, 'none', is the reference)
         NetworkRun("none"),
         NetworkRun("clapping_fc", "quant(4)", "quant(8)"),
         NetworkRun("clapping_fc", "quant(4)", "quant(8)", 0.5),
         NetworkRun("clapping_fu", "topk(0.1)", "topk(0.1)", 0.5),
     )
-    compressors: tuple[str, ...] = ("fp16", "bf16", "topk(0.01)", "topk(0.1)", "randk(0.1)", "quant(2)", "quant(4)", "quant(8)")  # compressors timed
-    compressor_shapes: tuple[tuple[int, ...], ...] = ((4, 128, 128), (4, 512, 512), (4, 1024, 768))  # message shapes (micro-batch, T, d)
+    compressors: tuple[str, ...] = (
+        "fp16",
+        "bf16",
+        "topk(0.01)",
+        "topk(0.1)",
+        "randk(0.1)",
+        "quant(2)",
+        "quant(4)",
+        "quant(8)",
+    )  # compressors timed
+    compressor_shapes: tuple[tuple[int, ...], ...] = (
+        (4, 128, 128),
+        (4, 512, 512),
+        (4, 1024, 768),
+    )  # message shapes (micro-batch, T, d)
     compressor_repeats: int = 5  # timed compress+decompress calls per compressor and shape
     memory_sizes: tuple[int, ...] = (1000, 4000, 16000)  # dataset sizes N of the buffer-memory curve
     sections: tuple[str, ...] = SECTIONS  # which sections run
@@ -76,8 +95,24 @@ class BenchSettings:
         where = f"bench settings {self.path!r}" if self.path else "bench settings"
         if self.preset not in PRESETS:
             raise ValueError(f"{where}: preset={self.preset!r}; allowed {PRESETS}")
-        for name in ("n_layer", "n_embd", "n_head", "vocab_size", "block_size", "batch_size", "micro_batches",
-                     "repeats", "timed_steps", "rope_timed_steps", "pipe_repeats", "network_repeats", "pipe_timed_steps", "seq_stages", "network_stages", "compressor_repeats"):
+        for name in (
+            "n_layer",
+            "n_embd",
+            "n_head",
+            "vocab_size",
+            "block_size",
+            "batch_size",
+            "micro_batches",
+            "repeats",
+            "timed_steps",
+            "rope_timed_steps",
+            "pipe_repeats",
+            "network_repeats",
+            "pipe_timed_steps",
+            "seq_stages",
+            "network_stages",
+            "compressor_repeats",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{where}: {name}={value!r}: must be a positive integer")
@@ -88,7 +123,9 @@ class BenchSettings:
         if self.n_embd % self.n_head:
             raise ValueError(f"{where}: n_head={self.n_head} must divide n_embd={self.n_embd}")
         if self.batch_size % self.micro_batches:
-            raise ValueError(f"{where}: batch_size={self.batch_size} must divide into micro_batches={self.micro_batches}")
+            raise ValueError(
+                f"{where}: batch_size={self.batch_size} must divide into micro_batches={self.micro_batches}"
+            )
         for name in ("stages", "seq_lengths", "mla_rope_widths", "memory_sizes"):
             if not getattr(self, name):
                 raise ValueError(f"{where}: {name} is empty")
@@ -99,9 +136,13 @@ class BenchSettings:
             if isinstance(w, bool) or not isinstance(w, int) or w < 0 or w % 2:
                 raise ValueError(f"{where}: mla_rope_widths entry {w!r}: must be an even integer >= 0")
         if 0 not in self.mla_rope_widths:
-            raise ValueError(f"{where}: mla_rope_widths={list(self.mla_rope_widths)}: must include 0 (the reference)")
+            raise ValueError(
+                f"{where}: mla_rope_widths={list(self.mla_rope_widths)}: must include 0 (the reference)"
+            )
         if self.block_size not in self.seq_lengths:
-            raise ValueError(f"{where}: seq_lengths={list(self.seq_lengths)} must include block_size={self.block_size}")
+            raise ValueError(
+                f"{where}: seq_lengths={list(self.seq_lengths)} must include block_size={self.block_size}"
+            )
         if not self.bandwidth_mbps > 0:
             raise ValueError(f"{where}: bandwidth_mbps={self.bandwidth_mbps!r}: must be > 0")
         if not self.network_runs or self.network_runs[0].method != "none" or self.network_runs[0].p != 1.0:
@@ -115,7 +156,9 @@ class BenchSettings:
             build_compressor(spec, f"{where}: compressors")
         bad = [s for s in self.sections if s not in SECTIONS]
         if bad or not self.sections:
-            raise ValueError(f"{where}: sections={list(self.sections)!r}; allowed a non-empty subset of {SECTIONS}")
+            raise ValueError(
+                f"{where}: sections={list(self.sections)!r}; allowed a non-empty subset of {SECTIONS}"
+            )
 
     @property
     def head_dim(self) -> int:

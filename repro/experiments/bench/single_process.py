@@ -4,7 +4,8 @@ PyTorch loop on the same model, data and optimizer), and the compute cost of RoP
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import lightning as L
 import torch
@@ -83,7 +84,9 @@ class _PairedPlainSteps(L.Callback):
         self.plain_s.append(self._resumed - now)
 
 
-def paired_step_times(cfg: GPTConfig, s: BenchSettings, steps: int, seed: int = 0) -> tuple[list[float], list[float]]:
+def paired_step_times(
+    cfg: GPTConfig, s: BenchSettings, steps: int, seed: int = 0
+) -> tuple[list[float], list[float]]:
     """(Lightning step times, plain-loop step times), the two interleaved step by step on the
     same data (one process, no logger, no validation)."""
     data = loader(s, steps, cfg.block_size)
@@ -101,15 +104,25 @@ def bench_lightning(s: BenchSettings, progress: Callable[[str], None]) -> list[d
     tokens = s.batch_size * s.block_size
     ours, plain = [], []
     for r in range(s.repeats):
-        progress(f"lightning overhead: repeat {r + 1} of {s.repeats} (Lightning and the plain loop alternate every step)")
+        progress(
+            f"lightning overhead: repeat {r + 1} of {s.repeats} (Lightning and the plain loop alternate every step)"
+        )
         lightning_s, plain_s = paired_step_times(cfg, s, steps, seed=r)
-        ours.append(tokens * s.timed_steps / sum(lightning_s[s.warmup_steps:]))
-        plain.append(tokens * s.timed_steps / sum(plain_s[s.warmup_steps:]))
+        ours.append(tokens * s.timed_steps / sum(lightning_s[s.warmup_steps :]))
+        plain.append(tokens * s.timed_steps / sum(plain_s[s.warmup_steps :]))
     return [
         row("lightning", "plain PyTorch loop", "throughput", "tokens/s", plain),
-        row("lightning", "Lightning Trainer + GPTLightningModule", "throughput", "tokens/s", ours,
-            reference="plain PyTorch loop", ratios=pairwise(ours, plain),
-            ratio_meaning="tokens/s of Lightning / tokens/s of the plain loop (alternating step by step)", goal=0.97),
+        row(
+            "lightning",
+            "Lightning Trainer + GPTLightningModule",
+            "throughput",
+            "tokens/s",
+            ours,
+            reference="plain PyTorch loop",
+            ratios=pairwise(ours, plain),
+            ratio_meaning="tokens/s of Lightning / tokens/s of the plain loop (alternating step by step)",
+            goal=0.97,
+        ),
     ]
 
 
@@ -118,10 +131,23 @@ def rope_variants(s: BenchSettings) -> list[tuple[str, str, GPTConfig]]:
     hd = s.head_dim
     out = []
     for label, width in (("none", 0), ("half", hd // 2), ("full", hd)):
-        out.append((f"MHA rope {width}/{hd} ({label})", f"MHA rope 0/{hd} (none)", gpt_config(s, rope_dims=[width] * s.n_layer)))
+        out.append(
+            (
+                f"MHA rope {width}/{hd} ({label})",
+                f"MHA rope 0/{hd} (none)",
+                gpt_config(s, rope_dims=[width] * s.n_layer),
+            )
+        )
     for width in s.mla_rope_widths:
-        cfg = gpt_config(s, rope_dims=None, attention="mla", qk_nope_head_dim=hd, v_head_dim=hd,
-                         kv_lora_rank=max(2, s.n_embd // 2), qk_rope_head_dim=[width] * s.n_layer)
+        cfg = gpt_config(
+            s,
+            rope_dims=None,
+            attention="mla",
+            qk_nope_head_dim=hd,
+            v_head_dim=hd,
+            kv_lora_rank=max(2, s.n_embd // 2),
+            qk_rope_head_dim=[width] * s.n_layer,
+        )
         out.append((f"MLA rope width {width}", "MLA rope width 0", cfg))
     return out
 
@@ -133,7 +159,9 @@ def bench_rope(s: BenchSettings, progress: Callable[[str], None]) -> list[dict[s
     steps = s.warmup_steps + s.rope_timed_steps
     step_s: dict[str, list[float]] = {name: [] for name, _, _ in variants}
     for r in range(s.repeats):
-        progress(f"rope cost: repeat {r + 1} of {s.repeats} ({len(variants)} variants, alternating every step)")
+        progress(
+            f"rope cost: repeat {r + 1} of {s.repeats} ({len(variants)} variants, alternating every step)"
+        )
         loops = {name: PlainLoop(cfg, seed=r) for name, _, cfg in variants}
         totals = dict.fromkeys(loops, 0.0)
         for i, batch in enumerate(loader(s, steps)):
@@ -147,10 +175,19 @@ def bench_rope(s: BenchSettings, progress: Callable[[str], None]) -> list[dict[s
     rows = []
     for name, ref, cfg in variants:
         is_ref = name == ref
-        rows.append(row(
-            "rope", name, "step time", "s/step", step_s[name],
-            reference=None if is_ref else ref, ratios=None if is_ref else pairwise(step_s[name], step_s[ref]),
-            ratio_meaning=None if is_ref else "step time / step time without RoPE (1.03 = 3% more; variants alternate every step)",
-            extra={"params": sum(p.numel() for p in GPTLightningModule(cfg, OPTIM).parameters())},
-        ))
+        rows.append(
+            row(
+                "rope",
+                name,
+                "step time",
+                "s/step",
+                step_s[name],
+                reference=None if is_ref else ref,
+                ratios=None if is_ref else pairwise(step_s[name], step_s[ref]),
+                ratio_meaning=None
+                if is_ref
+                else "step time / step time without RoPE (1.03 = 3% more; variants alternate every step)",
+                extra={"params": sum(p.numel() for p in GPTLightningModule(cfg, OPTIM).parameters())},
+            )
+        )
     return rows

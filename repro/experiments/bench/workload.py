@@ -35,8 +35,12 @@ class RandomBlocks(Dataset):
 def gpt_config(s: BenchSettings, block_size: int | None = None, **fields: Any) -> GPTConfig:
     """The bench GPT (MHA with half RoPE coverage unless ``fields`` say otherwise)."""
     base: dict[str, Any] = dict(
-        n_layer=s.n_layer, n_embd=s.n_embd, n_head=s.n_head, vocab_size=s.vocab_size,
-        block_size=block_size or s.block_size, rope_dims=[s.head_dim // 2] * s.n_layer,
+        n_layer=s.n_layer,
+        n_embd=s.n_embd,
+        n_head=s.n_head,
+        vocab_size=s.vocab_size,
+        block_size=block_size or s.block_size,
+        rope_dims=[s.head_dim // 2] * s.n_layer,
     )
     base.update(fields)
     return GPTConfig(**base)

@@ -39,20 +39,40 @@ def plan_rows(settings: ClappingSettings) -> list[ClappingRow]:
         elif method in ("direct", "ef21", "aqsgd"):
             rows += [ClappingRow(method, c, 1.0) for c in settings.compressors]
         else:
-            rows += [ClappingRow(method, c, float(p)) for c in settings.compressors for p in settings.clapping_p]
+            rows += [
+                ClappingRow(method, c, float(p)) for c in settings.compressors for p in settings.clapping_p
+            ]
     return rows
 
 
 def run_spec(row: ClappingRow, seed: int, settings: ClappingSettings, runs_dir: Path) -> RunSpec:
     """One (row, seed) run: the model config at K stages with the row's method and compressors."""
-    pipeline = dict(micro_batches=settings.micro_batches, schedule=settings.schedule, method=row.strategy_method,
-                    fwd_compressor=row.compressor, bwd_compressor=row.compressor, p=row.p,
-                    warmup_epochs=settings.warmup_epochs, timeout_s=TIMEOUT_S)
+    pipeline = dict(
+        micro_batches=settings.micro_batches,
+        schedule=settings.schedule,
+        method=row.strategy_method,
+        fwd_compressor=row.compressor,
+        bwd_compressor=row.compressor,
+        p=row.p,
+        warmup_epochs=settings.warmup_epochs,
+        timeout_s=TIMEOUT_S,
+    )
     name = f"{row.key}-s{seed}"
-    return RunSpec.make(name, runs_dir, settings.model, seed, settings.steps, settings.eval_every,
-                        {"trainer.limit_val_batches": settings.val_batches}, pipeline, stages=settings.stages,
-                        label=name)
+    return RunSpec.make(
+        name,
+        runs_dir,
+        settings.model,
+        seed,
+        settings.steps,
+        settings.eval_every,
+        {"trainer.limit_val_batches": settings.val_batches},
+        pipeline,
+        stages=settings.stages,
+        label=name,
+    )
 
 
-def grid(settings: ClappingSettings, seeds: tuple[int, ...], runs_dir: Path) -> list[tuple[ClappingRow, RunSpec]]:
+def grid(
+    settings: ClappingSettings, seeds: tuple[int, ...], runs_dir: Path
+) -> list[tuple[ClappingRow, RunSpec]]:
     return [(row, run_spec(row, seed, settings, runs_dir)) for row in plan_rows(settings) for seed in seeds]

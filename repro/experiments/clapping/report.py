@@ -15,13 +15,23 @@ from pathlib import Path
 from typing import Any
 
 from repro.files import write_json_atomic, write_text_atomic
-
 from repro.runs.provenance import git_commit, machine, now
 
 from .settings import ClappingSettings
 
-COLUMNS = ("method", "compressor", "p", "val_loss", "val_loss_std", "bytes_total", "compression_ratio",
-           "buffer_bytes_max_rank", "train_wall_s", "emulated_net_s", "seeds")
+COLUMNS = (
+    "method",
+    "compressor",
+    "p",
+    "val_loss",
+    "val_loss_std",
+    "bytes_total",
+    "compression_ratio",
+    "buffer_bytes_max_rank",
+    "train_wall_s",
+    "emulated_net_s",
+    "seeds",
+)
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -31,8 +41,17 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def build_report(settings: ClappingSettings, results: list[dict[str, Any]], memory: list[dict[str, Any]], *,
-                 seeds, dataset_size: int, wall_s: float, trained_runs: int, model_config: str) -> dict[str, Any]:
+def build_report(
+    settings: ClappingSettings,
+    results: list[dict[str, Any]],
+    memory: list[dict[str, Any]],
+    *,
+    seeds,
+    dataset_size: int,
+    wall_s: float,
+    trained_runs: int,
+    model_config: str,
+) -> dict[str, Any]:
     """``results``: one flat record per run (row, seed, loss, bytes); ``memory``: the memory figure's points."""
     none_bytes = {r["seed"]: r["bytes_total"] for r in results if r["method"] == "none"}
     groups: dict[tuple, list[dict]] = {}
@@ -43,16 +62,21 @@ def build_report(settings: ClappingSettings, results: list[dict[str, Any]], memo
         loss, loss_std = _mean_std([r["final_val_loss"] for r in runs])
         ratios = [r["bytes_total"] / none_bytes[r["seed"]] for r in runs if none_bytes.get(r["seed"])]
         emulated = [max(r["bytes_sent_per_rank"]) * 8 / (settings.bandwidth_mbps * 1e6) for r in runs]
-        rows.append({
-            "method": method, "compressor": compressor, "p": p,
-            "val_loss": loss, "val_loss_std": loss_std,
-            "bytes_total": statistics.fmean(r["bytes_total"] for r in runs),
-            "compression_ratio": statistics.fmean(ratios) if ratios else None,
-            "buffer_bytes_max_rank": max(max(r["buffer_bytes_per_rank"]) for r in runs),
-            "train_wall_s": statistics.fmean(r["train_wall_s"] for r in runs),
-            "emulated_net_s": statistics.fmean(emulated),
-            "seeds": sorted(r["seed"] for r in runs),
-        })
+        rows.append(
+            {
+                "method": method,
+                "compressor": compressor,
+                "p": p,
+                "val_loss": loss,
+                "val_loss_std": loss_std,
+                "bytes_total": statistics.fmean(r["bytes_total"] for r in runs),
+                "compression_ratio": statistics.fmean(ratios) if ratios else None,
+                "buffer_bytes_max_rank": max(max(r["buffer_bytes_per_rank"]) for r in runs),
+                "train_wall_s": statistics.fmean(r["train_wall_s"] for r in runs),
+                "emulated_net_s": statistics.fmean(emulated),
+                "seeds": sorted(r["seed"] for r in runs),
+            }
+        )
     return {
         "scale": settings.scale,
         "git_commit": git_commit(),
@@ -81,8 +105,10 @@ def _fmt_bytes(n: float) -> str:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    head = ("| method | compressor | p | val loss | total bytes | ratio vs none | buffer / rank (max) | "
-            f"train wall (s) | emulated {report['bandwidth_mbps']:g} Mbps (s) |")
+    head = (
+        "| method | compressor | p | val loss | total bytes | ratio vs none | buffer / rank (max) | "
+        f"train wall (s) | emulated {report['bandwidth_mbps']:g} Mbps (s) |"
+    )
     lines = [head, "|" + "---|" * 9]
     for r in report["rows"]:
         ratio = "-" if r["compression_ratio"] is None else f"{r['compression_ratio']:.3f}"
@@ -93,10 +119,12 @@ def markdown(report: dict[str, Any]) -> str:
         )
     s = report["settings"]
     lines.append("")
-    lines.append(f"Scale `{report['scale']}`, K = {s['stages']} stages, M = {s['micro_batches']} micro-batches, "
-                 f"{s['steps']} steps, seeds {report['seeds']}, N = {report['dataset_size']} training samples, "
-                 f"model `{report['model_config']}`, commit `{report['git_commit']}`. Validation loss: last "
-                 f"evaluation, mean ± std over seeds. Emulated time: the busiest rank's bytes x 8 / bandwidth.")
+    lines.append(
+        f"Scale `{report['scale']}`, K = {s['stages']} stages, M = {s['micro_batches']} micro-batches, "
+        f"{s['steps']} steps, seeds {report['seeds']}, N = {report['dataset_size']} training samples, "
+        f"model `{report['model_config']}`, commit `{report['git_commit']}`. Validation loss: last "
+        f"evaluation, mean ± std over seeds. Emulated time: the busiest rank's bytes x 8 / bandwidth."
+    )
     return "\n".join(lines) + "\n"
 
 

@@ -36,28 +36,46 @@ def run_record(row: ClappingRow, result: RunResult, runs_dir: Path) -> dict[str,
     """One run as a flat record of the table's json (what the figures read)."""
     summary = result.pipeline or {}
     return {
-        "name": result.name, "method": row.method, "compressor": row.compressor, "p": row.p, "seed": result.seed,
-        "fingerprint": result.fingerprint, "final_val_loss": result.final_val_loss,
-        "final_train_loss": result.metrics.get("train/loss"), "steps": result.global_step,
-        "bytes_total": summary.get("bytes_total", 0.0), "raw_bytes_total": summary.get("raw_bytes_total", 0.0),
+        "name": result.name,
+        "method": row.method,
+        "compressor": row.compressor,
+        "p": row.p,
+        "seed": result.seed,
+        "fingerprint": result.fingerprint,
+        "final_val_loss": result.final_val_loss,
+        "final_train_loss": result.metrics.get("train/loss"),
+        "steps": result.global_step,
+        "bytes_total": summary.get("bytes_total", 0.0),
+        "raw_bytes_total": summary.get("raw_bytes_total", 0.0),
         "bytes_sent_per_rank": summary.get("bytes_sent_per_rank", []),
         "buffer_bytes_per_rank": summary.get("buffer_bytes_per_rank", []),
-        "fresh_batches": summary.get("fresh_batches"), "train_wall_s": summary.get("train_wall_s"),
-        "wall_s": result.wall_s, "reused": result.reused, "tensorboard_dir": str(runs_dir / "tb" / result.name),
+        "fresh_batches": summary.get("fresh_batches"),
+        "train_wall_s": summary.get("train_wall_s"),
+        "wall_s": result.wall_s,
+        "reused": result.reused,
+        "tensorboard_dir": str(runs_dir / "tb" / result.name),
     }
 
 
-def measure_memory(settings: ClappingSettings, dataset_size: int, block_size: int, d_model: int,
-                   batch_size: int) -> list[dict[str, Any]]:
+def measure_memory(
+    settings: ClappingSettings, dataset_size: int, block_size: int, d_model: int, batch_size: int
+) -> list[dict[str, Any]]:
     """The memory figure's points for these settings: every N of ``memory_sizes`` and the run's N."""
     m = settings.micro_batches
-    points = buffer_memory_points(sorted({*settings.memory_sizes, dataset_size}), block_size, d_model, m,
-                                  batch_size // m, settings.compressors[0])
-    return [{**asdict(p), "is_dataset": p.N == dataset_size} for p in points]
+    points = buffer_memory_points(
+        sorted({*settings.memory_sizes, dataset_size}),
+        block_size,
+        d_model,
+        m,
+        batch_size // m,
+        settings.compressors[0],
+    )
+    return [{**asdict(p), "is_dataset": dataset_size == p.N} for p in points]
 
 
-def run_clapping(settings: ClappingSettings, out: Path, cache_dir: str | None = None,
-                 quiet: bool = False) -> dict[str, Any]:
+def run_clapping(
+    settings: ClappingSettings, out: Path, cache_dir: str | None = None, quiet: bool = False
+) -> dict[str, Any]:
     check_accelerator(settings.accelerator)
     config = load_model_config(settings.model)
     config.check_trainable_by_experiment("clapping model")
@@ -65,36 +83,58 @@ def run_clapping(settings: ClappingSettings, out: Path, cache_dir: str | None = 
     datamodule.setup()
     dataset_size = len(datamodule.train_set)
     if datamodule.batch_size % settings.micro_batches:
-        raise ValueError(f"clapping settings: micro_batches={settings.micro_batches} does not divide the model "
-                         f"config's data.batch_size={datamodule.batch_size}")
+        raise ValueError(
+            f"clapping settings: micro_batches={settings.micro_batches} does not divide the model "
+            f"config's data.batch_size={datamodule.batch_size}"
+        )
     runs_dir = out / "runs"
     jobs = grid(settings, settings.seeds, runs_dir)
     start = time.perf_counter()
     progress = Progress("clapping", len(jobs), sum(s.steps for _, s in jobs), 1, quiet)
-    progress.note(f"scale {settings.scale}: {len(jobs) // len(settings.seeds)} rows x {len(settings.seeds)} seeds = "
-                  f"{len(jobs)} runs of {settings.steps} steps at K={settings.stages} (N={dataset_size} training samples)")
+    progress.note(
+        f"scale {settings.scale}: {len(jobs) // len(settings.seeds)} rows x {len(settings.seeds)} seeds = "
+        f"{len(jobs)} runs of {settings.steps} steps at K={settings.stages} (N={dataset_size} training samples)"
+    )
     with remember_interrupts():
         results = train_all([s for _, s in jobs], settings.accelerator, 1, cache_dir, progress)
         stop_if_interrupted()
     records = [run_record(row, results[spec.key], runs_dir) for row, spec in jobs]
-    memory = measure_memory(settings, dataset_size, config.block_size, int(config.gpt["n_embd"]), datamodule.batch_size)
-    report = build_report(settings, records, memory, seeds=settings.seeds, dataset_size=dataset_size,
-                          wall_s=time.perf_counter() - start, trained_runs=progress.trained,
-                          model_config=display_path(config.path))
+    memory = measure_memory(
+        settings, dataset_size, config.block_size, int(config.gpt["n_embd"]), datamodule.batch_size
+    )
+    report = build_report(
+        settings,
+        records,
+        memory,
+        seeds=settings.seeds,
+        dataset_size=dataset_size,
+        wall_s=time.perf_counter() - start,
+        trained_runs=progress.trained,
+        model_config=display_path(config.path),
+    )
     write_report(report, out)
     return report
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="repro clapping", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=__doc__.split("\n\n")[0], epilog="settings file fields:\n" + fields_help(ClappingSettings))
-    parser.add_argument("--scale", default=None, choices=SCALES,
-                        help="which shipped settings: paper_configs/experiments/clapping/<scale>.yaml")
+        prog="repro clapping",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=__doc__.split("\n\n")[0],
+        epilog="settings file fields:\n" + fields_help(ClappingSettings),
+    )
+    parser.add_argument(
+        "--scale",
+        default=None,
+        choices=SCALES,
+        help="which shipped settings: paper_configs/experiments/clapping/<scale>.yaml",
+    )
     parser.add_argument("--settings", default=None, help="a settings YAML instead of --scale")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="override the settings' seeds")
     parser.add_argument("--out", default="results/clapping", help="results directory")
-    parser.add_argument("--cache-dir", default=None, help="tokenizer and token cache (default: the config's data.cache_dir)")
+    parser.add_argument(
+        "--cache-dir", default=None, help="tokenizer and token cache (default: the config's data.cache_dir)"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     return parser
 
@@ -108,15 +148,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.seeds is not None and (len(set(args.seeds)) != len(args.seeds) or min(args.seeds) < 0):
             raise ValueError(f"--seeds {args.seeds}: give distinct non-negative integers")
-        settings = load_clapping_settings(args.settings or settings_path(args.scale),
-                                          seeds=tuple(args.seeds) if args.seeds else None)
+        settings = load_clapping_settings(
+            args.settings or settings_path(args.scale), seeds=tuple(args.seeds) if args.seeds else None
+        )
         report = run_clapping(settings, Path(args.out), args.cache_dir, args.quiet)
     except (ValueError, FileNotFoundError) as exc:
         print(f"repro clapping: error: {exc}", file=sys.stderr)
         return 2
     print((Path(args.out) / "clapping_table.md").read_text())
-    print(f"[clapping] {report['trained_runs']} runs trained, {report['total_runs'] - report['trained_runs']} reused; "
-          f"{report['wall_s'] / 60:.1f} min", file=sys.stderr)
+    print(
+        f"[clapping] {report['trained_runs']} runs trained, {report['total_runs'] - report['trained_runs']} reused; "
+        f"{report['wall_s'] / 60:.1f} min",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -50,16 +50,22 @@ class ClappingSettings:
                 raise ValueError(f"{where}: {name}={value!r}: must be a positive integer")
         if self.stages < 2:
             raise ValueError(f"{where}: stages={self.stages}: a pipeline needs at least 2 stages")
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds) or any(
-            not isinstance(s, int) or s < 0 for s in self.seeds
+        if (
+            not self.seeds
+            or len(set(self.seeds)) != len(self.seeds)
+            or any(not isinstance(s, int) or s < 0 for s in self.seeds)
         ):
             raise ValueError(f"{where}: seeds={list(self.seeds)!r}: give distinct non-negative integers")
         bad = [m for m in self.methods if m not in EXPERIMENT_METHODS]
         if bad or not self.methods:
-            raise ValueError(f"{where}: methods={list(self.methods)!r}; allowed a non-empty subset of {EXPERIMENT_METHODS}")
+            raise ValueError(
+                f"{where}: methods={list(self.methods)!r}; allowed a non-empty subset of {EXPERIMENT_METHODS}"
+            )
         for spec in self.compressors:
             if build_compressor(spec, f"{where}: compressors").is_identity:
-                raise ValueError(f"{where}: compressors: {spec!r} does not compress (the none rows are identity)")
+                raise ValueError(
+                    f"{where}: compressors: {spec!r} does not compress (the none rows are identity)"
+                )
         for p in (*self.clapping_p, self.lazy_p):
             if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < float(p) <= 1.0:
                 raise ValueError(f"{where}: p={p!r}: lazy-sampling probabilities must be in (0, 1]")

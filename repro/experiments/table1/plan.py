@@ -18,8 +18,20 @@ from repro.runs.model_config import ModelConfig, load_model_config
 
 from .settings import Table1Settings
 
-ROW_METHODS = ("profiled", "transferred", "uniform", "first-k", "last-k", "spaced-k", "random-k", "inverse",
-               "phase-off-k", "all-high", "all-low", "nope")
+ROW_METHODS = (
+    "profiled",
+    "transferred",
+    "uniform",
+    "first-k",
+    "last-k",
+    "spaced-k",
+    "random-k",
+    "inverse",
+    "phase-off-k",
+    "all-high",
+    "all-low",
+    "nope",
+)
 REFERENCE_POINTS = ("all-high", "all-low", "nope")
 
 
@@ -61,16 +73,30 @@ class ArchPlan:
     def row_spec(self, widths: list[int], seed: int, reference: bool = False) -> RunSpec:
         """A row run: the target with these widths (equal allocations share runs)."""
         name = widths_name(widths, seed)
-        return RunSpec.make(name, self.runs_dir, self.target.path, seed, self.steps, self.eval_every,
-                            {f"model.gpt.{self.target.width_field}": list(widths)}, save_checkpoint=reference,
-                            label=f"{self.arch} row {name}")
+        return RunSpec.make(
+            name,
+            self.runs_dir,
+            self.target.path,
+            seed,
+            self.steps,
+            self.eval_every,
+            {f"model.gpt.{self.target.width_field}": list(widths)},
+            save_checkpoint=reference,
+            label=f"{self.arch} row {name}",
+        )
 
     def profile_specs(self, member: str) -> list[RunSpec]:
         config = self.target if member == "target" else self.source
         n = config.shape_config().n_layer
-        return upgrade_specs(config, [[]] + layer_groups(n, 1), self.width(self.levels.high, config),
-                             self.width(self.levels.low, config), self.profile, self.profile_dir(member),
-                             label=f"{self.arch} {member} profile ")
+        return upgrade_specs(
+            config,
+            [[]] + layer_groups(n, 1),
+            self.width(self.levels.high, config),
+            self.width(self.levels.low, config),
+            self.profile,
+            self.profile_dir(member),
+            label=f"{self.arch} {member} profile ",
+        )
 
 
 def widths_name(widths: list[int] | tuple[int, ...], seed: int) -> str:
@@ -84,18 +110,26 @@ def make_plan(settings: Table1Settings, arch: str, out: Path) -> ArchPlan:
     for name, config in (("target", target), ("source", source)):
         config.check_trainable_by_experiment(f"table1 {name}.{arch}")
         if config.shape_config().attention != arch:
-            raise ValueError(f"table1 settings {settings.path!r}: {name}.{arch} = {config.path!r} has "
-                             f"attention={config.shape_config().attention!r}")
+            raise ValueError(
+                f"table1 settings {settings.path!r}: {name}.{arch} = {config.path!r} has "
+                f"attention={config.shape_config().attention!r}"
+            )
     t_shape, s_shape = target.shape_config(), source.shape_config()
     if s_shape.n_layer >= t_shape.n_layer:
-        raise ValueError(f"table1 {arch}: the source ({source.path}, {s_shape.n_layer} layers) must be shallower than "
-                         f"the target ({target.path}, {t_shape.n_layer} layers)")
+        raise ValueError(
+            f"table1 {arch}: the source ({source.path}, {s_shape.n_layer} layers) must be shallower than "
+            f"the target ({target.path}, {t_shape.n_layer} layers)"
+        )
     per_head = (lambda c: c.head_dim) if arch == "mha" else (lambda c: c.qk_nope_head_dim)
     if per_head(t_shape) != per_head(s_shape):
-        raise ValueError(f"table1 {arch}: source and target are not one family (width per head {per_head(s_shape)} vs "
-                         f"{per_head(t_shape)})")
+        raise ValueError(
+            f"table1 {arch}: source and target are not one family (width per head {per_head(s_shape)} vs "
+            f"{per_head(t_shape)})"
+        )
     if target.data != source.data:
-        raise ValueError(f"table1 {arch}: source and target must share the data section (same corpus and tokenizer)")
+        raise ValueError(
+            f"table1 {arch}: source and target must share the data section (same corpus and tokenizer)"
+        )
     levels = default_levels(t_shape)
     num_high_layers(t_shape.n_layer, levels)  # fail early on an infeasible budget
     num_high_layers(s_shape.n_layer, levels)
@@ -118,15 +152,28 @@ def stage1_specs(plan: ArchPlan, settings: Table1Settings) -> list[RunSpec]:
     return [reference] + plan.profile_specs("target") + plan.profile_specs("source")
 
 
-def row_allocations(plan: ArchPlan, settings: Table1Settings, benefit: LayerProfile, transferred: LayerProfile,
-                    phase_off: LayerProfile) -> list[Allocation]:
+def row_allocations(
+    plan: ArchPlan,
+    settings: Table1Settings,
+    benefit: LayerProfile,
+    transferred: LayerProfile,
+    phase_off: LayerProfile,
+) -> list[Allocation]:
     out = []
     for method in ROW_METHODS:
         if method == "random-k":
             out.extend(random_allocations(plan.shape, plan.levels, settings.random_draws, seed=0))
         else:
-            out.append(allocate(method, plan.shape, plan.levels, benefit=benefit, phase_off=phase_off,
-                                transferred=transferred))
+            out.append(
+                allocate(
+                    method,
+                    plan.shape,
+                    plan.levels,
+                    benefit=benefit,
+                    phase_off=phase_off,
+                    transferred=transferred,
+                )
+            )
     return out
 
 
@@ -154,8 +201,14 @@ def interaction_pairs(settings: Table1Settings, benefit: LayerProfile) -> list[t
     return list(combinations(top_k_layers(benefit.values, settings.interaction_top), 2))
 
 
-def stage2_specs(plan: ArchPlan, settings: Table1Settings, allocations: list[Allocation], sweep: list[Allocation],
-                 benefit: LayerProfile, pairs: list[tuple[int, int]]) -> list[RunSpec]:
+def stage2_specs(
+    plan: ArchPlan,
+    settings: Table1Settings,
+    allocations: list[Allocation],
+    sweep: list[Allocation],
+    benefit: LayerProfile,
+    pairs: list[tuple[int, int]],
+) -> list[RunSpec]:
     """Every allocation for every seed (equal allocations share runs), the extra budgets, and the
     pair runs of the interaction terms (next to the target profile's runs, whose base they share)."""
     specs: dict[str, RunSpec] = {}
@@ -166,8 +219,14 @@ def stage2_specs(plan: ArchPlan, settings: Table1Settings, allocations: list[All
     for a in sweep:
         for seed in settings.sweep_seeds:
             specs.setdefault(widths_name(a.widths, seed), plan.row_spec(a.widths, seed))
-    pair_runs = pair_specs(plan.target, benefit, pairs, plan.profile_dir("target"), with_base=False,
-                           label=f"{plan.arch} target pair ")
+    pair_runs = pair_specs(
+        plan.target,
+        benefit,
+        pairs,
+        plan.profile_dir("target"),
+        with_base=False,
+        label=f"{plan.arch} target pair ",
+    )
     return list(specs.values()) + pair_runs
 
 

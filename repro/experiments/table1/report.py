@@ -78,8 +78,12 @@ def calibration_points(o: ArchOutcome, seeds: tuple[int, ...]) -> list[dict[str,
             points[key]["methods"].append(a.method)
             continue
         gains = [o.run(all_low.widths, s).final_val_loss - o.run(a.widths, s).final_val_loss for s in seeds]
-        points[key] = {"high_layers": list(key), "methods": [a.method],
-                       "predicted_gain": predicted_gain(o.benefit.values, key), "realized_gain": statistics.fmean(gains)}
+        points[key] = {
+            "high_layers": list(key),
+            "methods": [a.method],
+            "predicted_gain": predicted_gain(o.benefit.values, key),
+            "realized_gain": statistics.fmean(gains),
+        }
     return list(points.values())
 
 
@@ -88,21 +92,35 @@ def storage_points(o: ArchOutcome, settings: Table1Settings) -> list[dict[str, A
     out: dict[tuple[int, ...], dict[str, Any]] = {}
     for a in o.allocations + o.sweep:
         key = tuple(a.widths)
-        label = a.method + (f" r{a.record['draw']}" if "draw" in a.record else "") \
+        label = (
+            a.method
+            + (f" r{a.record['draw']}" if "draw" in a.record else "")
             + (f" (k={a.record['sweep_k']})" if "sweep_k" in a.record else "")
+        )
         if key in out:
             if label not in out[key]["methods"]:
                 out[key]["methods"].append(label)
             continue
-        seeds = sorted({s for s in settings.seeds + settings.sweep_seeds if widths_name(a.widths, s) in o.runs})
+        seeds = sorted(
+            {s for s in settings.seeds + settings.sweep_seeds if widths_name(a.widths, s) in o.runs}
+        )
         losses = [o.run(a.widths, s).final_val_loss for s in seeds]
         mean, std = _mean_std(losses)
         total = _accounting(o, a.widths)
-        out[key] = {"widths": list(a.widths), "methods": [label], "k": len(a.high_layers) if a.method != "uniform" else None,
-                    "budget": a.levels["budget"] if a.budget_matched else None, "mean_width": a.mean_width,
-                    "kv_bytes_per_token": total["kv_cache_bytes"], "kv_elements_per_token": total["kv_cache_elements"],
-                    "attention_flops_per_token": total["attention_flops"], "rope_flops_per_token": total["rope_flops"],
-                    "loss_mean": mean, "loss_std": std, "seeds": len(losses)}
+        out[key] = {
+            "widths": list(a.widths),
+            "methods": [label],
+            "k": len(a.high_layers) if a.method != "uniform" else None,
+            "budget": a.levels["budget"] if a.budget_matched else None,
+            "mean_width": a.mean_width,
+            "kv_bytes_per_token": total["kv_cache_bytes"],
+            "kv_elements_per_token": total["kv_cache_elements"],
+            "attention_flops_per_token": total["attention_flops"],
+            "rope_flops_per_token": total["rope_flops"],
+            "loss_mean": mean,
+            "loss_std": std,
+            "seeds": len(losses),
+        }
     return list(out.values())
 
 
@@ -112,9 +130,11 @@ def pareto_front(points: list[dict[str, Any]]) -> list[int]:
     front = []
     for i, p in enumerate(points):
         dominated = any(
-            q["kv_bytes_per_token"] <= p["kv_bytes_per_token"] and q["loss_mean"] <= p["loss_mean"]
+            q["kv_bytes_per_token"] <= p["kv_bytes_per_token"]
+            and q["loss_mean"] <= p["loss_mean"]
             and (q["kv_bytes_per_token"] < p["kv_bytes_per_token"] or q["loss_mean"] < p["loss_mean"])
-            for j, q in enumerate(points) if j != i
+            for j, q in enumerate(points)
+            if j != i
         )
         if not dominated:
             front.append(i)
@@ -128,8 +148,11 @@ def analysis(o: ArchOutcome, seeds: tuple[int, ...]) -> dict[str, Any]:
         "phase_off_vs_benefit_spearman": spearman(o.phase_off.values, o.benefit.values),
         "transfer_fidelity": transfer_fidelity(o.transferred.values, o.benefit.values, k),
         "calibration_points": points,
-        "calibration": calibration([p["predicted_gain"] for p in points], [p["realized_gain"] for p in points])
-        if len(points) >= 2 else None,
+        "calibration": calibration(
+            [p["predicted_gain"] for p in points], [p["realized_gain"] for p in points]
+        )
+        if len(points) >= 2
+        else None,
         "interactions": list(o.interactions),
     }
     if len(o.benefit.per_seed) > 1:
@@ -139,19 +162,32 @@ def analysis(o: ArchOutcome, seeds: tuple[int, ...]) -> dict[str, Any]:
 
 def _run_record(o: ArchOutcome, name: str, r: RunResult) -> dict[str, Any]:
     spec_widths = r.overrides.get(f"model.gpt.{o.plan.target.width_field}")
-    return {"widths": spec_widths, "seed": r.seed, "final_loss": r.final_val_loss,
-            "result": str(o.plan.runs_dir / f"{name}.json"),
-            "tensorboard": str(o.plan.runs_dir / "tb" / name), "wall_s": r.wall_s}
+    return {
+        "widths": spec_widths,
+        "seed": r.seed,
+        "final_loss": r.final_val_loss,
+        "result": str(o.plan.runs_dir / f"{name}.json"),
+        "tensorboard": str(o.plan.runs_dir / "tb" / name),
+        "wall_s": r.wall_s,
+    }
 
 
-def build_table(settings: Table1Settings, outcomes: list[ArchOutcome], wall_s: float, trained: int, reused: int,
-                all_runs: list[RunResult]) -> dict[str, Any]:
+def build_table(
+    settings: Table1Settings,
+    outcomes: list[ArchOutcome],
+    wall_s: float,
+    trained: int,
+    reused: int,
+    all_runs: list[RunResult],
+) -> dict[str, Any]:
     """The table document (``all_runs``: every run of this call, trained or reused)."""
     seeds = tuple(settings.seeds)
     rows = []
     for method in ROW_METHODS:
-        row: dict[str, Any] = {"method": method + (f" (R={settings.random_draws})" if method == "random-k" else ""),
-                               "budget_matched": method not in REFERENCE_POINTS}
+        row: dict[str, Any] = {
+            "method": method + (f" (R={settings.random_draws})" if method == "random-k" else ""),
+            "budget_matched": method not in REFERENCE_POINTS,
+        }
         for o in outcomes:
             row.update(arch_columns(o, method, seeds))
         rows.append(row)
@@ -170,11 +206,19 @@ def build_table(settings: Table1Settings, outcomes: list[ArchOutcome], wall_s: f
             "eval_every": plan.eval_every,
             "tokens_per_run": plan.steps * plan.target.batch_size * plan.target.block_size,
             "profile_steps": o.benefit.meta["steps"],
-            "profiles": {name: str(plan.profiles_dir / f"{name}.json")
-                         for name in ("coverage_target", "coverage_source", "transferred", "phase_off_target")},
-            "row_runs": {row["method"]: [widths_name(a.widths, seed) for a in o.allocations
-                                         if a.method == row["method"].split(" (")[0] for seed in seeds]
-                         for row in rows},
+            "profiles": {
+                name: str(plan.profiles_dir / f"{name}.json")
+                for name in ("coverage_target", "coverage_source", "transferred", "phase_off_target")
+            },
+            "row_runs": {
+                row["method"]: [
+                    widths_name(a.widths, seed)
+                    for a in o.allocations
+                    if a.method == row["method"].split(" (")[0]
+                    for seed in seeds
+                ]
+                for row in rows
+            },
             "profiled_high_layers": next(a.high_layers for a in o.allocations if a.method == "profiled"),
             "analysis": analysis(o, seeds),
             "storage_points": points,
@@ -192,12 +236,17 @@ def build_table(settings: Table1Settings, outcomes: list[ArchOutcome], wall_s: f
         "runs_trained": trained,
         "runs_reused": reused,
         "runs_total": len(all_runs),
-        "training_s_summed": sum(r.wall_s for r in all_runs),  # every run's own wall time (workers overlap them)
+        "training_s_summed": sum(
+            r.wall_s for r in all_runs
+        ),  # every run's own wall time (workers overlap them)
         "seeds": list(seeds),
         "steps": settings.steps,
-        "settings": {**settings.to_dict(), "target": {k: display_path(v) for k, v in settings.target.items()},
-                     "source": {k: display_path(v) for k, v in settings.source.items()},
-                     "path": display_path(settings.path)},
+        "settings": {
+            **settings.to_dict(),
+            "target": {k: display_path(v) for k, v in settings.target.items()},
+            "source": {k: display_path(v) for k, v in settings.source.items()},
+            "path": display_path(settings.path),
+        },
         "architectures": archs,
         "rows": rows,
     }
@@ -225,14 +274,17 @@ def to_markdown(doc: dict[str, Any]) -> str:
         f"{doc['runs_reused']} reused); the {doc['runs_total']} runs took {doc['training_s_summed'] / 60:.1f} min "
         f"of training summed over runs ({doc['settings']['workers']} side by side).",
         f"Every row trained for seeds {doc['seeds']} ({a0['steps']} steps, {a0['tokens_per_run']:,} tokens per run); "
-        "loss = final validation loss (mean ± std over seeds); Δ = paired difference to `uniform` (mean ± std over seeds).",
+        "loss = final validation loss (mean ± std over seeds); "
+        "Δ = paired difference to `uniform` (mean ± std over seeds).",
     ]
     for arch in archs:
         a = doc["architectures"][arch]
         lv = a["levels"]
-        lines.append(f"{ARCH_TITLE[arch]}: target `{a['target_config']}` ({a['target_layers']} layers), source "
-                     f"`{a['source_config']}` ({a['source_layers']} layers); high={lv['high']:g}, low={lv['low']:g}, "
-                     f"B={lv['budget']:g} ({lv['unit']}), k={a['k']} high layers; profiles of {a['profile_steps']} steps.")
+        lines.append(
+            f"{ARCH_TITLE[arch]}: target `{a['target_config']}` ({a['target_layers']} layers), source "
+            f"`{a['source_config']}` ({a['source_layers']} layers); high={lv['high']:g}, low={lv['low']:g}, "
+            f"B={lv['budget']:g} ({lv['unit']}), k={a['k']} high layers; profiles of {a['profile_steps']} steps."
+        )
     lines.append("")
     head = ["method"]
     for arch in archs:
@@ -245,27 +297,48 @@ def to_markdown(doc: dict[str, Any]) -> str:
     for row in doc["rows"]:
         cells = [row["method"] + ("" if row["budget_matched"] else " †")]
         for arch in archs:
-            cells += [row[f"{arch}_high_layers"], _pm(row[f"{arch}_loss_mean"], row[f"{arch}_loss_std"]),
-                      "-" if row["method"] == "uniform" else _pm(row[f"{arch}_delta_vs_uniform"], row[f"{arch}_delta_std"], True)]
+            cells += [
+                row[f"{arch}_high_layers"],
+                _pm(row[f"{arch}_loss_mean"], row[f"{arch}_loss_std"]),
+                "-"
+                if row["method"] == "uniform"
+                else _pm(row[f"{arch}_delta_vs_uniform"], row[f"{arch}_delta_std"], True),
+            ]
         if "mla" in archs:
             cells.append(f"{row['mla_kv_elements_per_token']:,}")
         cells.append(" / ".join(f"{row[f'{arch}_rope_flops_per_token']:,}" for arch in archs))
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "† reference point, not budget-matched (different total rotary width).", "", "## Analysis", ""]
+    lines += [
+        "",
+        "† reference point, not budget-matched (different total rotary width).",
+        "",
+        "## Analysis",
+        "",
+    ]
     for arch in archs:
         an = doc["architectures"][arch]["analysis"]
         tf = an["transfer_fidelity"]
-        parts = [f"phase-off vs coverage-benefit Spearman {_fmt(an['phase_off_vs_benefit_spearman'], 2)}",
-                 f"transfer fidelity: Spearman {_fmt(tf['spearman'], 2)}, top-{tf['top_k']} Jaccard {_fmt(tf['jaccard'], 2)} "
-                 f"(transferred {tf['top_k_transferred']} vs direct {tf['top_k_direct']})"]
+        parts = [
+            f"phase-off vs coverage-benefit Spearman {_fmt(an['phase_off_vs_benefit_spearman'], 2)}",
+            f"transfer fidelity: Spearman {_fmt(tf['spearman'], 2)}, "
+            f"top-{tf['top_k']} Jaccard {_fmt(tf['jaccard'], 2)} "
+            f"(transferred {tf['top_k_transferred']} vs direct {tf['top_k_direct']})",
+        ]
         if an.get("profile_seed_stability"):
-            parts.append(f"profile seed stability (Spearman) {_fmt(an['profile_seed_stability']['mean_spearman'], 2)}")
+            parts.append(
+                f"profile seed stability (Spearman) {_fmt(an['profile_seed_stability']['mean_spearman'], 2)}"
+            )
         if an.get("calibration"):
             c = an["calibration"]
-            parts.append(f"calibration over {c['n']} allocations: slope {_fmt(c['slope'], 2)}, "
-                         f"Spearman {_fmt(c['spearman'], 2)}")
+            parts.append(
+                f"calibration over {c['n']} allocations: slope {_fmt(c['slope'], 2)}, "
+                f"Spearman {_fmt(c['spearman'], 2)}"
+            )
         if an["interactions"]:
-            parts.append("interactions: " + ", ".join(f"{t['layers']} {t['interaction']:+.4f}" for t in an["interactions"]))
+            parts.append(
+                "interactions: "
+                + ", ".join(f"{t['layers']} {t['interaction']:+.4f}" for t in an["interactions"])
+            )
         lines.append(f"- {ARCH_TITLE[arch]}: " + "; ".join(parts) + ".")
     return "\n".join(lines) + "\n"
 
@@ -276,7 +349,9 @@ def to_csv(doc: dict[str, Any]) -> str:
     writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
     writer.writeheader()
     for r in rows:
-        writer.writerow({k: ("" if v is None else repr(v) if isinstance(v, float) else v) for k, v in r.items()})
+        writer.writerow(
+            {k: ("" if v is None else repr(v) if isinstance(v, float) else v) for k, v in r.items()}
+        )
     return buf.getvalue()
 
 

@@ -35,14 +35,25 @@ from repro.runs import Progress, RunResult, check_accelerator, train_all
 from repro.runs.build import quiet_lightning
 from repro.runs.interrupts import remember_interrupts
 
-from .plan import (ROW_METHODS, interaction_pairs, make_plan, row_allocations, seeds_of, stage1_specs, stage2_specs,
-                   sweep_allocations, widths_name)
+from .plan import (
+    ROW_METHODS,
+    interaction_pairs,
+    make_plan,
+    row_allocations,
+    seeds_of,
+    stage1_specs,
+    stage2_specs,
+    sweep_allocations,
+    widths_name,
+)
 from .report import build_table, write_table
 from .results import ArchOutcome
 from .settings import SCALES, Table1Settings, load_table1_settings, settings_path
 
 
-def run_table1(settings: Table1Settings, out: Path, cache_dir: str | None = None, quiet: bool = False) -> dict:
+def run_table1(
+    settings: Table1Settings, out: Path, cache_dir: str | None = None, quiet: bool = False
+) -> dict:
     """Run (or resume) the whole Table 1 pipeline and write the table; returns the table document."""
     started = time.perf_counter()
     check_accelerator(settings.accelerator)
@@ -55,10 +66,17 @@ def run_table1(settings: Table1Settings, out: Path, cache_dir: str | None = None
 
     stage1 = [spec for plan in plans for spec in stage1_specs(plan, settings)]
     estimate = sum(len(plan_rows_estimate(settings)) for _ in plans) * len(settings.seeds)
-    progress = Progress("table1", len(stage1) + estimate, sum(s.steps for s in stage1) + estimate * settings.steps,
-                        settings.workers if settings.accelerator == "cpu" else 1, quiet)
-    progress.note(f"scale {settings.scale}: stage 1 of 2, {len(stage1)} profile and reference runs "
-                  f"({', '.join(settings.architectures)}); about {estimate} row runs follow")
+    progress = Progress(
+        "table1",
+        len(stage1) + estimate,
+        sum(s.steps for s in stage1) + estimate * settings.steps,
+        settings.workers if settings.accelerator == "cpu" else 1,
+        quiet,
+    )
+    progress.note(
+        f"scale {settings.scale}: stage 1 of 2, {len(stage1)} profile and reference runs "
+        f"({', '.join(settings.architectures)}); about {estimate} row runs follow"
+    )
     with remember_interrupts():
         results = train_all(stage1, settings.accelerator, settings.workers, cache_dir, progress)
         progress.note("stage 1 done: profiles, transfer, phase-off profile and allocations")
@@ -66,17 +84,39 @@ def run_table1(settings: Table1Settings, out: Path, cache_dir: str | None = None
         staged = []
         stage2 = []
         for plan in plans:
-            benefit = profile_from_results(plan.target, plan.levels, plan.profile, _by_name(results, plan.profile_specs("target")),
-                                           plan.profile_dir("target"), vocab[plan.arch])
-            source = profile_from_results(plan.source, plan.levels, plan.profile, _by_name(results, plan.profile_specs("source")),
-                                          plan.profile_dir("source"), vocab[plan.arch])
-            transferred = transfer_profile(source, plan.shape.n_layer, settings.transfer_method,
-                                           plan.target.gpt_config(vocab[plan.arch]).to_dict(),
-                                           source_path=str(plan.profiles_dir / "coverage_source.json"))
+            benefit = profile_from_results(
+                plan.target,
+                plan.levels,
+                plan.profile,
+                _by_name(results, plan.profile_specs("target")),
+                plan.profile_dir("target"),
+                vocab[plan.arch],
+            )
+            source = profile_from_results(
+                plan.source,
+                plan.levels,
+                plan.profile,
+                _by_name(results, plan.profile_specs("source")),
+                plan.profile_dir("source"),
+                vocab[plan.arch],
+            )
+            transferred = transfer_profile(
+                source,
+                plan.shape.n_layer,
+                settings.transfer_method,
+                plan.target.gpt_config(vocab[plan.arch]).to_dict(),
+                source_path=str(plan.profiles_dir / "coverage_source.json"),
+            )
             reference = results[plan.row_spec(plan.reference_widths, settings.seeds[0], reference=True).key]
-            phase_off = measure_phase_off_profile(plan.target, reference.checkpoint, cache_dir=cache_dir, device=device)
-            for name, profile in (("coverage_target", benefit), ("coverage_source", source),
-                                  ("transferred", transferred), ("phase_off_target", phase_off)):
+            phase_off = measure_phase_off_profile(
+                plan.target, reference.checkpoint, cache_dir=cache_dir, device=device
+            )
+            for name, profile in (
+                ("coverage_target", benefit),
+                ("coverage_source", source),
+                ("transferred", transferred),
+                ("phase_off_target", phase_off),
+            ):
                 profile.save(plan.profiles_dir / f"{name}.json")
             allocations = row_allocations(plan, settings, benefit, transferred, phase_off)
             sweep = sweep_allocations(plan, settings, benefit)
@@ -86,24 +126,50 @@ def run_table1(settings: Table1Settings, out: Path, cache_dir: str | None = None
         done = {s.key for s in stage1}
         stage2 = [s for s in stage2 if s.key not in done]  # the reference is already trained
         progress.extend(len(stage2) - estimate, sum(s.steps for s in stage2) - estimate * settings.steps)
-        progress.note(f"stage 2 of 2: {len(stage2)} runs (every row x {len(settings.seeds)} seeds, interaction pairs, "
-                      f"extra budgets)")
+        progress.note(
+            f"stage 2 of 2: {len(stage2)} runs (every row x {len(settings.seeds)} seeds, interaction pairs, "
+            f"extra budgets)"
+        )
         results.update(train_all(stage2, settings.accelerator, settings.workers, cache_dir, progress))
 
     outcomes = []
     for plan, benefit, source, transferred, phase_off, allocations, sweep, pairs in staged:
-        runs = {widths_name(a.widths, seed): results[plan.row_spec(a.widths, seed).key]
-                for a in allocations + sweep for seed in seeds_of(a, settings)}
+        runs = {
+            widths_name(a.widths, seed): results[plan.row_spec(a.widths, seed).key]
+            for a in allocations + sweep
+            for seed in seeds_of(a, settings)
+        }
         pair_runs = {s.name: results[s.key] for s in plan.profile_specs("target")}
-        pair_runs.update({s.name: results[s.key] for s in stage2_specs(plan, settings, [], [], benefit, pairs)})
+        pair_runs.update(
+            {s.name: results[s.key] for s in stage2_specs(plan, settings, [], [], benefit, pairs)}
+        )
         measured = pair_benefits_from_results(benefit, pairs, pair_runs) if pairs else {}
-        outcomes.append(ArchOutcome(plan, benefit, source, transferred, phase_off, tuple(allocations), tuple(sweep),
-                                    runs, tuple(interaction_terms(benefit.values, measured))))
-    doc = build_table(settings, outcomes, wall_s=time.perf_counter() - started, trained=progress.trained,
-                      reused=progress.done - progress.trained, all_runs=list(results.values()))
+        outcomes.append(
+            ArchOutcome(
+                plan,
+                benefit,
+                source,
+                transferred,
+                phase_off,
+                tuple(allocations),
+                tuple(sweep),
+                runs,
+                tuple(interaction_terms(benefit.values, measured)),
+            )
+        )
+    doc = build_table(
+        settings,
+        outcomes,
+        wall_s=time.perf_counter() - started,
+        trained=progress.trained,
+        reused=progress.done - progress.trained,
+        all_runs=list(results.values()),
+    )
     write_table(doc, out)
-    progress.note(f"wrote {out}/table1.md, .csv, .json in {time.perf_counter() - started:.0f} s "
-                  f"({progress.trained} runs trained, {progress.done - progress.trained} reused)")
+    progress.note(
+        f"wrote {out}/table1.md, .csv, .json in {time.perf_counter() - started:.0f} s "
+        f"({progress.trained} runs trained, {progress.done - progress.trained} reused)"
+    )
     return doc
 
 
@@ -118,17 +184,38 @@ def _by_name(results: dict[str, RunResult], specs) -> dict[str, RunResult]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="repro table1", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=__doc__.split("\n\n")[0], epilog="settings file fields:\n" + fields_help(Table1Settings))
-    parser.add_argument("--scale", default="cpu", choices=SCALES,
-                        help="which shipped settings: paper_configs/experiments/table1/<scale>.yaml (default cpu)")
-    parser.add_argument("--settings", type=Path, default=None, help="a settings YAML instead of the scale's own")
-    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds of the rows (default: the settings')")
-    parser.add_argument("--steps", type=int, default=None, help="steps of a row run instead of the settings' (quick checks)")
-    parser.add_argument("--workers", type=int, default=None, help="runs trained side by side on CPU (default: the settings')")
-    parser.add_argument("--accelerator", default=None, choices=("cpu", "gpu"), help="cpu or gpu (default: the settings')")
-    parser.add_argument("--out", type=Path, default=Path("results/table1"), help="output folder (default results/table1)")
-    parser.add_argument("--cache-dir", default=None, help="tokenizer and token cache (default: the configs' data.cache_dir)")
+        prog="repro table1",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=__doc__.split("\n\n")[0],
+        epilog="settings file fields:\n" + fields_help(Table1Settings),
+    )
+    parser.add_argument(
+        "--scale",
+        default="cpu",
+        choices=SCALES,
+        help="which shipped settings: paper_configs/experiments/table1/<scale>.yaml (default cpu)",
+    )
+    parser.add_argument(
+        "--settings", type=Path, default=None, help="a settings YAML instead of the scale's own"
+    )
+    parser.add_argument(
+        "--seeds", type=int, nargs="+", default=None, help="seeds of the rows (default: the settings')"
+    )
+    parser.add_argument(
+        "--steps", type=int, default=None, help="steps of a row run instead of the settings' (quick checks)"
+    )
+    parser.add_argument(
+        "--workers", type=int, default=None, help="runs trained side by side on CPU (default: the settings')"
+    )
+    parser.add_argument(
+        "--accelerator", default=None, choices=("cpu", "gpu"), help="cpu or gpu (default: the settings')"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path("results/table1"), help="output folder (default results/table1)"
+    )
+    parser.add_argument(
+        "--cache-dir", default=None, help="tokenizer and token cache (default: the configs' data.cache_dir)"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     return parser
 
@@ -137,9 +224,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     quiet_lightning()
     try:
-        settings = load_table1_settings(args.settings or settings_path(args.scale),
-                                        seeds=tuple(args.seeds) if args.seeds else None, steps=args.steps,
-                                        workers=args.workers, accelerator=args.accelerator)
+        settings = load_table1_settings(
+            args.settings or settings_path(args.scale),
+            seeds=tuple(args.seeds) if args.seeds else None,
+            steps=args.steps,
+            workers=args.workers,
+            accelerator=args.accelerator,
+        )
         run_table1(settings, args.out, args.cache_dir, args.quiet)
     except (ValueError, FileNotFoundError) as exc:
         print(f"repro table1: error: {exc}", file=sys.stderr)

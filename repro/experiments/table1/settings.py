@@ -51,13 +51,17 @@ class Table1Settings:
             raise ValueError(f"{where}: scale={self.scale!r}; allowed {SCALES}")
         bad = [a for a in self.architectures if a not in ARCHITECTURES]
         if bad or not self.architectures:
-            raise ValueError(f"{where}: architectures={list(self.architectures)!r}; allowed a non-empty subset of "
-                             f"{ARCHITECTURES}")
+            raise ValueError(
+                f"{where}: architectures={list(self.architectures)!r}; allowed a non-empty subset of "
+                f"{ARCHITECTURES}"
+            )
         for name in ("target", "source"):
             value = getattr(self, name)
             missing = [a for a in self.architectures if not isinstance(value, dict) or a not in value]
             if missing:
-                raise ValueError(f"{where}: {name} has no config for {missing}; give {name}: {{mha: <yaml>, mla: <yaml>}}")
+                raise ValueError(
+                    f"{where}: {name} has no config for {missing}; give {name}: {{mha: <yaml>, mla: <yaml>}}"
+                )
         for name in ("seeds", "profile_seeds", "sweep_seeds"):
             value = getattr(self, name)
             if (not value and name != "sweep_seeds") or any(not isinstance(s, int) or s < 0 for s in value):
@@ -69,23 +73,37 @@ class Table1Settings:
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{where}: {name}={value!r}: must be a positive integer")
         if self.steps % min(self.eval_every, self.steps):
-            raise ValueError(f"{where}: steps={self.steps} is not a multiple of eval_every={self.eval_every}; the last "
-                             "evaluation must fall on the final step")
+            raise ValueError(
+                f"{where}: steps={self.steps} is not a multiple of eval_every={self.eval_every}; the last "
+                "evaluation must fall on the final step"
+            )
         if not isinstance(self.interaction_top, int) or self.interaction_top < 0 or self.interaction_top == 1:
-            raise ValueError(f"{where}: interaction_top={self.interaction_top!r}: 0 (skip) or an integer >= 2")
+            raise ValueError(
+                f"{where}: interaction_top={self.interaction_top!r}: 0 (skip) or an integer >= 2"
+            )
         if not 0.0 < self.profile_fraction <= 1.0:
             raise ValueError(f"{where}: profile_fraction={self.profile_fraction!r}: must be in (0, 1]")
         if self.profile_last_n > self.profile_evals:
-            raise ValueError(f"{where}: profile_last_n={self.profile_last_n} > profile_evals={self.profile_evals}")
+            raise ValueError(
+                f"{where}: profile_last_n={self.profile_last_n} > profile_evals={self.profile_evals}"
+            )
         if self.profile_lr_schedule not in ("full-run", "early-run"):
-            raise ValueError(f"{where}: profile_lr_schedule={self.profile_lr_schedule!r}; allowed 'full-run', 'early-run'")
+            raise ValueError(
+                f"{where}: profile_lr_schedule={self.profile_lr_schedule!r}; allowed 'full-run', 'early-run'"
+            )
         if self.transfer_method not in ("linear", "nearest"):
-            raise ValueError(f"{where}: transfer_method={self.transfer_method!r}; allowed 'linear', 'nearest'")
+            raise ValueError(
+                f"{where}: transfer_method={self.transfer_method!r}; allowed 'linear', 'nearest'"
+            )
         if any(not isinstance(k, int) or k < 0 for k in self.sweep_high_layers):
-            raise ValueError(f"{where}: sweep_high_layers={list(self.sweep_high_layers)!r}: non-negative integers")
+            raise ValueError(
+                f"{where}: sweep_high_layers={list(self.sweep_high_layers)!r}: non-negative integers"
+            )
         bad = [m for m in self.sweep_methods if m not in SWEEP_METHODS or m not in BUDGET_MATCHED]
         if bad:
-            raise ValueError(f"{where}: sweep_methods={list(self.sweep_methods)!r}: allowed {', '.join(SWEEP_METHODS)}")
+            raise ValueError(
+                f"{where}: sweep_methods={list(self.sweep_methods)!r}: allowed {', '.join(SWEEP_METHODS)}"
+            )
         if self.accelerator not in ("cpu", "gpu"):
             raise ValueError(f"{where}: accelerator={self.accelerator!r}; allowed 'cpu', 'gpu'")
 

@@ -66,8 +66,9 @@ def set_launcher(strategy, launcher) -> None:
 
 def override_grad_norm_clipping(precision_plugin, clip: Callable[[Any, float], None]) -> None:
     """Make the precision plugin clip by ``clip(optimizer, max_norm)`` (a norm over all stages)."""
-    precision_plugin.clip_grad_by_norm = types.MethodType(lambda _self, optimizer, value: clip(optimizer, value),
-                                                          precision_plugin)
+    precision_plugin.clip_grad_by_norm = types.MethodType(
+        lambda _self, optimizer, value: clip(optimizer, value), precision_plugin
+    )
 
 
 def script_launcher(cluster_environment, num_processes: int, num_nodes: int):
@@ -84,7 +85,11 @@ class FullModelLauncher(_MultiProcessingLauncher):
         try:
             return super().launch(function, *args, trainer=trainer, **kwargs)
         except ProcessExitedException as exc:
-            how = f"was killed by signal {exc.signal_name}" if exc.signal_name else f"exited with code {exc.exit_code}"
+            how = (
+                f"was killed by signal {exc.signal_name}"
+                if exc.signal_name
+                else f"exited with code {exc.exit_code}"
+            )
             raise RuntimeError(
                 f"strategy='clapping': rank {exc.error_index} (pid {exc.error_pid}) {how}; every other rank was stopped"
             ) from None
@@ -95,7 +100,9 @@ class FullModelLauncher(_MultiProcessingLauncher):
 
     def _collect_rank_zero_results(self, trainer, results: Any):
         checkpoint_callback = trainer.checkpoint_callback
-        best_model_path = getattr(checkpoint_callback, "best_model_path", None) if checkpoint_callback else None
+        best_model_path = (
+            getattr(checkpoint_callback, "best_model_path", None) if checkpoint_callback else None
+        )
         state_dict = self._strategy.lightning_module_state_dict()  # a collective: every rank calls it
         if self._strategy.local_rank != 0:
             return None
@@ -113,9 +120,19 @@ def missing_symbols() -> list[str]:
     for module, names in PRIVATE_IMPORTS.items():
         mod = importlib.import_module(module)
         missing += [f"{module}.{name}" for name in names if not hasattr(mod, name)]
-    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, enable_checkpointing=False)
-    owners = {"Trainer.fit_loop": trainer.fit_loop, "Trainer.fit_loop.epoch_loop": trainer.fit_loop.epoch_loop,
-              "Strategy": trainer.strategy, "_MultiProcessingLauncher": _MultiProcessingLauncher}
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
+    owners = {
+        "Trainer.fit_loop": trainer.fit_loop,
+        "Trainer.fit_loop.epoch_loop": trainer.fit_loop.epoch_loop,
+        "Strategy": trainer.strategy,
+        "_MultiProcessingLauncher": _MultiProcessingLauncher,
+    }
     missing += [f"{what}.{attr}" for what, attr in PRIVATE_ATTRIBUTES if not hasattr(owners[what], attr)]
     return missing

@@ -5,7 +5,7 @@ the collectives Lightning asks a strategy for, and a watchdog that ends a rank w
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -114,11 +114,13 @@ class StageProcesses(ParallelStrategy):
         self._groups = {
             "fwd": dist.new_group(backend=backend, timeout=timeout),
             "bwd": dist.new_group(backend=backend, timeout=timeout),
-            "objects": dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD,
+            "objects": dist.new_group(backend="gloo", timeout=timeout)
+            if backend != "gloo"
+            else dist.group.WORLD,
         }
 
     # ------------------------------------------------------------------ collectives
-    def barrier(self, name: Optional[str] = None) -> None:
+    def barrier(self, name: str | None = None) -> None:
         if dist.is_initialized():
             dist.barrier(group=self.object_group)
 
@@ -129,7 +131,7 @@ class StageProcesses(ParallelStrategy):
         dist.broadcast_object_list(box, src, group=self.object_group)
         return box[0]
 
-    def reduce(self, tensor, group: Optional[Any] = None, reduce_op="mean"):
+    def reduce(self, tensor, group: Any | None = None, reduce_op="mean"):
         if not isinstance(tensor, torch.Tensor) or not dist.is_initialized():
             return tensor
         out = tensor.clone()

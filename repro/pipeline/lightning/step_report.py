@@ -62,8 +62,17 @@ class StepReport:
         return faults
 
 
-def reduce_step(loss_sum: torch.Tensor | None, micro_batches: int, stats: StepStats, rank: int, num_stages: int,
-                buffer_bytes: float, emulated_s: float, param_bytes: float, device: torch.device) -> StepReport:
+def reduce_step(
+    loss_sum: torch.Tensor | None,
+    micro_batches: int,
+    stats: StepStats,
+    rank: int,
+    num_stages: int,
+    buffer_bytes: float,
+    emulated_s: float,
+    param_bytes: float,
+    device: torch.device,
+) -> StepReport:
     """One all-reduce carries the loss and every rank's statistics to every rank."""
     k, n = num_stages, len(STAT_FIELDS)
     block = 2 * n  # per boundary: fwd fields, then bwd fields
@@ -94,8 +103,13 @@ def reduce_step(loss_sum: torch.Tensor | None, micro_batches: int, stats: StepSt
             channels[f"b{b}_{direction}"] = ChannelStep(
                 f["payload_bytes"], f["raw_bytes"], f["rel_error_sum"] / max(f["messages"], 1), f["nonfinite"]
             )
-    return StepReport(values[0], channels, values[tail : tail + k], values[tail + k : tail + 2 * k],
-                      values[tail + 2 * k : tail + 3 * k])
+    return StepReport(
+        values[0],
+        channels,
+        values[tail : tail + k],
+        values[tail + k : tail + 2 * k],
+        values[tail + 2 * k : tail + 3 * k],
+    )
 
 
 @dataclass
@@ -121,23 +135,32 @@ class RunTotals:
 
     def sent_per_rank(self, num_stages: int) -> list[float]:
         """Bytes each rank sent: its forward activations and its backward gradients."""
-        return [self.bytes.get(f"b{r}_fwd", 0.0) + self.bytes.get(f"b{r - 1}_bwd", 0.0) for r in range(num_stages)]
+        return [
+            self.bytes.get(f"b{r}_fwd", 0.0) + self.bytes.get(f"b{r - 1}_bwd", 0.0) for r in range(num_stages)
+        ]
 
     def state_dict(self) -> dict:
-        return {"bytes": dict(self.bytes), "raw_bytes": dict(self.raw_bytes), "skipped_steps": self.skipped_steps}
+        return {
+            "bytes": dict(self.bytes),
+            "raw_bytes": dict(self.raw_bytes),
+            "skipped_steps": self.skipped_steps,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if not isinstance(state.get("bytes", {}), dict):  # a checkpoint written before this format
-            state = {"bytes": {k[6:]: v for k, v in state.items() if k.startswith("bytes/")},
-                     "raw_bytes": {k[10:]: v for k, v in state.items() if k.startswith("raw_bytes/")},
-                     "skipped_steps": state.get("skipped_steps", 0)}
+            state = {
+                "bytes": {k[6:]: v for k, v in state.items() if k.startswith("bytes/")},
+                "raw_bytes": {k[10:]: v for k, v in state.items() if k.startswith("raw_bytes/")},
+                "skipped_steps": state.get("skipped_steps", 0),
+            }
         self.bytes = dict(state.get("bytes", {}))
         self.raw_bytes = dict(state.get("raw_bytes", {}))
         self.skipped_steps = int(state.get("skipped_steps", 0))
 
 
-def pipe_scalars(report: StepReport, totals: RunTotals, fresh_batches: int, steps_done: int,
-                 wall_s: float) -> dict[str, float]:
+def pipe_scalars(
+    report: StepReport, totals: RunTotals, fresh_batches: int, steps_done: int, wall_s: float
+) -> dict[str, float]:
     """The ``pipe/*`` scalars of a step (spec section 6)."""
     values: dict[str, float] = {}
     for tag, channel in report.channels.items():
@@ -146,7 +169,9 @@ def pipe_scalars(report: StepReport, totals: RunTotals, fresh_batches: int, step
         values[f"pipe/bytes_total/{tag}"] = totals.bytes.get(tag, 0.0)
     values["pipe/bytes"] = report.bytes
     values["pipe/bytes_total"] = totals.total_bytes
-    values["pipe/compression_ratio"] = totals.total_bytes / totals.total_raw_bytes if totals.total_raw_bytes else 1.0
+    values["pipe/compression_ratio"] = (
+        totals.total_bytes / totals.total_raw_bytes if totals.total_raw_bytes else 1.0
+    )
     values["pipe/compression_ratio_step"] = report.bytes / report.raw_bytes if report.raw_bytes else 1.0
     for r, nbytes in enumerate(report.buffer_bytes):
         values[f"pipe/buffer_bytes/rank{r}"] = nbytes

@@ -16,7 +16,7 @@ from __future__ import annotations
 import inspect
 import time
 import warnings
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -38,7 +38,13 @@ from . import checkpoint, compat
 from .processes import StageProcesses
 from .step_report import RunTotals, StepReport, pipe_scalars, publish, reduce_step
 
-LIGHTNING_ARGS = ("accelerator", "parallel_devices", "cluster_environment", "checkpoint_io", "precision_plugin")
+LIGHTNING_ARGS = (
+    "accelerator",
+    "parallel_devices",
+    "cluster_environment",
+    "checkpoint_io",
+    "precision_plugin",
+)
 
 
 class ClappingStrategy(StageProcesses):
@@ -48,11 +54,22 @@ class ClappingStrategy(StageProcesses):
 
     strategy_name = "clapping"
 
-    def __init__(self, accelerator=None, parallel_devices=None, cluster_environment=None, checkpoint_io=None,
-                 precision_plugin=None, **options: Any) -> None:
-        super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
-                         cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
-                         precision_plugin=precision_plugin)
+    def __init__(
+        self,
+        accelerator=None,
+        parallel_devices=None,
+        cluster_environment=None,
+        checkpoint_io=None,
+        precision_plugin=None,
+        **options: Any,
+    ) -> None:
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
+        )
         self.options = PipelineOptions(**options)
         self._num_nodes = 1
         self.adapter: StageAdapter | None = None
@@ -99,7 +116,11 @@ class ClappingStrategy(StageProcesses):
         compat.override_grad_norm_clipping(
             self.precision_plugin,
             lambda optimizer, max_norm: clip_global_grad_norm(
-                [p for g in optimizer.param_groups for p in g["params"]], self.local, self.root_device, max_norm),
+                [p for g in optimizer.param_groups for p in g["params"]],
+                self.local,
+                self.root_device,
+                max_norm,
+            ),
         )
         links = StageLinks(
             self.global_rank,
@@ -132,7 +153,11 @@ class ClappingStrategy(StageProcesses):
     def process_dataloader(self, dataloader: object) -> object:
         """The training loader gets the lazy sampler (p = 1: the ordinary shuffled order)."""
         trainer = self.lightning_module.trainer if self.lightning_module is not None else None
-        if trainer is None or trainer.state.stage != RunningStage.TRAINING or not isinstance(dataloader, DataLoader):
+        if (
+            trainer is None
+            or trainer.state.stage != RunningStage.TRAINING
+            or not isinstance(dataloader, DataLoader)
+        ):
             return dataloader
         batch_size = dataloader.batch_size or getattr(dataloader.batch_sampler, "batch_size", None)
         if batch_size is None:
@@ -146,7 +171,9 @@ class ClappingStrategy(StageProcesses):
         seed = self.options.sampler_seed
         if seed is None:
             seed = getattr(trainer.datamodule, "shuffle_seed", 0) if trainer.datamodule is not None else 0
-        self.sampler = LazyBatchSampler(len(dataloader.dataset), batch_size, self.options.p, int(seed), self.steps_done)
+        self.sampler = LazyBatchSampler(
+            len(dataloader.dataset), batch_size, self.options.p, int(seed), self.steps_done
+        )
         if "sampler" in self.pending:
             self.sampler.load_state_dict(self.pending.pop("sampler"))
             self.sampler.set_step(self.steps_done)
@@ -171,8 +198,11 @@ class ClappingStrategy(StageProcesses):
         def rows(boundary: int, role: str) -> SampleBuffers:
             return SampleBuffers(n_samples, opts.aqsgd_storage, opts.aqsgd_dir, f"aqsgd-b{boundary}-{role}")
 
-        self.codecs.update(build_codecs(opts.method, opts.compressors, self.global_rank, self.num_stages,
-                                        opts.compression_seed, rows))
+        self.codecs.update(
+            build_codecs(
+                opts.method, opts.compressors, self.global_rank, self.num_stages, opts.compression_seed, rows
+            )
+        )
         for key, state in self.pending.pop("codecs", {}).items():
             self.codecs[tuple(key.split(":"))].load_state_dict(state, self.root_device)
 
@@ -204,17 +234,28 @@ class ClappingStrategy(StageProcesses):
         earlier = [(p, p.grad) for p in params]
         for p in params:
             p.grad = None
-        snapshots = {key: codec.snapshot(ids) for key, codec in self.codecs.items()} if opts.nonfinite == "skip" else None
+        snapshots = (
+            {key: codec.snapshot(ids) for key, codec in self.codecs.items()}
+            if opts.nonfinite == "skip"
+            else None
+        )
         with self.precision_plugin.train_step_context():
             loss_sum, stats = self.runner.train_step(micro, contexts, schedule, scale)
         sum_tied_gradients(self.local, self._tied_groups)
         self._stashed_grads = [(p, p.grad) for p in params if p.grad is not None]
         for p, g in earlier:
             p.grad = g
-        report = reduce_step(loss_sum, len(micro), stats, self.global_rank, self.num_stages,
-                             float(sum(c.buffer_nbytes for c in self.codecs.values())),
-                             self.runner.links.counters.emulated_seconds, float(self.local.owned_bytes),
-                             self.root_device)
+        report = reduce_step(
+            loss_sum,
+            len(micro),
+            stats,
+            self.global_rank,
+            self.num_stages,
+            float(sum(c.buffer_nbytes for c in self.codecs.values())),
+            self.runner.links.counters.emulated_seconds,
+            float(self.local.owned_bytes),
+            self.root_device,
+        )
         self.totals.add(report)
         faults = report.nonfinite_faults()
         if faults:
@@ -229,8 +270,10 @@ class ClappingStrategy(StageProcesses):
                 codec.restore(snapshots[key])
             self.totals.skipped_steps += 1
             if self.global_rank == 0:
-                warnings.warn(f"strategy='clapping': skipped training step {step} (non-finite values: {where})",
-                              stacklevel=2)
+                warnings.warn(
+                    f"strategy='clapping': skipped training step {step} (non-finite values: {where})",
+                    stacklevel=2,
+                )
         self.steps_done += 1
         self.last_report = report
         loss = torch.tensor(report.loss, dtype=torch.float32, device=self.root_device)
@@ -270,7 +313,9 @@ class ClappingStrategy(StageProcesses):
         if callable(record):
             record(split_name, loss, weight)
         else:
-            self.lightning_module.log(f"{split_name}/loss", loss, on_step=False, on_epoch=True, batch_size=weight)
+            self.lightning_module.log(
+                f"{split_name}/loss", loss, on_step=False, on_epoch=True, batch_size=weight
+            )
         return loss
 
     def validation_step(self, *args: Any, **kwargs: Any):
@@ -289,7 +334,9 @@ class ClappingStrategy(StageProcesses):
     def _log_step(self, loss: torch.Tensor, report: StepReport) -> None:
         self.lightning_module.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
         fresh = self.sampler.fresh_before(self.steps_done) if self.sampler is not None else self.steps_done
-        values = pipe_scalars(report, self.totals, fresh, self.steps_done, time.perf_counter() - self._fit_start)
+        values = pipe_scalars(
+            report, self.totals, fresh, self.steps_done, time.perf_counter() - self._fit_start
+        )
         publish(self.lightning_module.trainer, values, self.global_rank)
 
     def run_summary(self) -> dict[str, Any]:
@@ -313,14 +360,14 @@ class ClappingStrategy(StageProcesses):
     def optimizer_state(self, optimizer) -> dict[str, Any]:
         return checkpoint.stage_optimizer_states(self, optimizer)
 
-    def save_checkpoint(self, ckpt: dict[str, Any], filepath, storage_options: Optional[Any] = None) -> None:
+    def save_checkpoint(self, ckpt: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
         state = checkpoint.pipeline_state(self, self.options.aqsgd_checkpoint_buffers)
         if self.is_global_zero:
             ckpt["clapping"] = state
             self.checkpoint_io.save_checkpoint(ckpt, filepath, storage_options=storage_options)
         self.barrier("save_checkpoint")
 
-    def load_checkpoint(self, checkpoint_path, weights_only: Optional[bool] = None) -> dict[str, Any]:
+    def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
         ckpt = self.checkpoint_io.load_checkpoint(checkpoint_path, weights_only=False)
         checkpoint.restore_pipeline_state(self, ckpt, checkpoint_path)
         return ckpt
@@ -347,7 +394,10 @@ class ClappingStrategy(StageProcesses):
         for name, start in (("clapping", "popen"), ("clapping_spawn", "spawn"), ("clapping_fork", "fork")):
             if name not in strategy_registry:
                 strategy_registry.register(
-                    name, cls, description=f"Clapping pipeline-parallel strategy (start_method '{start}')", start_method=start
+                    name,
+                    cls,
+                    description=f"Clapping pipeline-parallel strategy (start_method '{start}')",
+                    start_method=start,
                 )
 
 
@@ -356,5 +406,7 @@ ClappingStrategy.__init__.__signature__ = inspect.Signature(
     + [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None) for name in LIGHTNING_ARGS]
 )  # the options one by one, as LightningCLI and --help see them
 ClappingStrategy.__init__.__doc__ = "Args:\n" + "\n".join(
-    f"    {name}: {comment}" for name, comment in field_comments(PipelineOptions).items() if name not in ("fwd", "bwd")
+    f"    {name}: {comment}"
+    for name, comment in field_comments(PipelineOptions).items()
+    if name not in ("fwd", "bwd")
 )
