@@ -36,9 +36,7 @@ class GPTConfig:
     qk_rope_head_dim: list[int] | None = None  # MLA: rotary width d_R per layer, even, >= 0; None = d_nope
     # --- the rest of the block ---
     mlp: Literal["swiglu", "gelu"] = "swiglu"  # MLP kind
-    mlp_hidden: int | None = (
-        None  # MLP hidden width; None = 4*n_embd (gelu) or 8/3*n_embd rounded to 8 (swiglu)
-    )
+    mlp_hidden: int | None = None  # MLP width; None = 4*n_embd (gelu), 8/3*n_embd rounded to 8 (swiglu)
     norm_eps: float = 1e-5  # RMSNorm epsilon
     dropout: float = 0.0  # dropout on attention output and MLP output
     bias: bool = False  # bias in linear layers

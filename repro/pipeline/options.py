@@ -22,38 +22,24 @@ START_METHODS = ("popen", "spawn", "fork")
 @dataclass
 class PipelineOptions:
     stages: int | None = None  # pipeline stages K; None = the number of processes (devices x nodes)
-    layers_per_stage: Sequence[int] | None = (
-        None  # explicit layer count per stage; None = as even as possible
-    )
+    layers_per_stage: Sequence[int] | None = None  # layers of each stage; None = as even as possible
     micro_batches: int = 4  # M micro-batches per batch (the batch size must divide by M)
     schedule: str = "gpipe"  # 'gpipe' (all forwards, then all backwards) or '1f1b'
     method: str = "none"  # none | direct | ef21 | aqsgd | clapping_fc | clapping_fu
-    fwd_compressor: str = (
-        "identity"  # compressor of activations: identity, fp16, bf16, topk(r), randk(r), quant(bits)
-    )
+    fwd_compressor: str = "identity"  # activations: identity, fp16, bf16, topk(r), randk(r), quant(bits)
     bwd_compressor: str = "identity"  # compressor of activation gradients (same choices)
-    p: float = (
-        1.0  # lazy sampling: probability that a step draws a fresh batch, in (0, 1]; 1 = ordinary sampling
-    )
-    sampler_seed: int | None = (
-        None  # seed of the shuffle and the lazy coins; None = the datamodule's shuffle_seed (or 0)
-    )
+    p: float = 1.0  # lazy sampling: P(a step draws a fresh batch), in (0, 1]; 1 = ordinary
+    sampler_seed: int | None = None  # shuffle and lazy coins; None = the datamodule's shuffle_seed
     compression_seed: int = 0  # base seed of the per-message seeds (randk entries, stochastic rounding)
     warmup_epochs: int = 1  # aqsgd: epochs sent uncompressed while the per-sample buffers fill
     aqsgd_num_samples: int | None = None  # aqsgd: N rows per buffer; None = the training set's size
     aqsgd_storage: str = "memory"  # aqsgd buffers: 'memory' or 'memmap' (files under aqsgd_dir)
     aqsgd_dir: str | None = None  # aqsgd: directory of the memmap files
-    aqsgd_checkpoint_buffers: bool = (
-        False  # aqsgd: put the N x T x d rows in checkpoints (GBs); off = refill after resume
-    )
+    aqsgd_checkpoint_buffers: bool = False  # aqsgd: N x T x d rows in checkpoints (GBs); off: refilled
     sample_id_key: str = "sample_id"  # batch key of the sample ids (aqsgd)
-    bandwidth_mbps: float | None = (
-        None  # emulated link speed: each send waits bytes*8/bandwidth s; None = off
-    )
+    bandwidth_mbps: float | None = None  # emulated link: each send waits bytes*8/bandwidth; None = off
     timeout_s: float = 300.0  # seconds any receive or collective may wait before the rank gives up
-    nonfinite: str = (
-        "raise"  # NaN/inf in a message or the loss: 'raise' (stop, naming where) or 'skip' the update
-    )
+    nonfinite: str = "raise"  # NaN/inf in a message or loss: 'raise' (stop, naming where), 'skip' the update
     process_group_backend: str | None = None  # 'gloo' or 'nccl'; None = gloo on CPU, nccl on CUDA
     start_method: str = "popen"  # how ranks start: 'popen' (CLI, torchrun, SLURM), 'spawn' or 'fork'
     fwd: Compressor = field(init=False, repr=False, compare=False)  # built from fwd_compressor

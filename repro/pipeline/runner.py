@@ -31,13 +31,9 @@ class DirectionStats:
 
     payload_bytes: int = 0  # bytes sent
     raw_bytes: int = 0  # bytes the exact message would take (method none)
-    rel_error_sum: float | torch.Tensor = (
-        0.0  # sum over messages of ||x_hat - x|| / ||x|| (a device tensor once set)
-    )
+    rel_error_sum: float | torch.Tensor = 0.0  # sum of ||x_hat - x|| / ||x|| (a device tensor once set)
     messages: int = 0
-    nonfinite: float | torch.Tensor = (
-        0.0  # messages whose decoded value x_hat held NaN or inf (a device tensor once set)
-    )
+    nonfinite: float | torch.Tensor = 0.0  # messages whose decoded x_hat held NaN or inf (a device tensor)
 
 
 @dataclass

@@ -31,9 +31,7 @@ class RunResult:
     threads: int  # torch threads of the run's process(es)
     device: str  # where it ran (cpu, cuda:0, ...)
     provenance: dict[str, Any]  # commit, machine, time
-    pipeline: dict[str, Any] | None = (
-        None  # the pipeline strategy's summary (bytes, buffers), pipeline runs only
-    )
+    pipeline: dict[str, Any] | None = None  # the pipeline strategy's summary (bytes, buffers)
     checkpoint: str | None = None  # <folder>/<name>.ckpt when the spec asked for one
     reused: bool = field(default=False, compare=False)  # found finished on disk (not stored)
 

@@ -39,6 +39,16 @@ class NetworkRun:
         return f"{self.method} {comp}" + (f" p={self.p:g}" if self.p != 1.0 else "")
 
 
+NETWORK_RUNS = (
+    NetworkRun("none"),
+    NetworkRun("clapping_fc", "quant(4)", "quant(8)"),
+    NetworkRun("clapping_fc", "quant(4)", "quant(8)", 0.5),
+    NetworkRun("clapping_fu", "topk(0.1)", "topk(0.1)", 0.5),
+)
+COMPRESSORS = ("fp16", "bf16", "topk(0.01)", "topk(0.1)", "randk(0.1)", "quant(2)", "quant(4)", "quant(8)")
+MESSAGE_SHAPES = ((4, 128, 128), (4, 512, 512), (4, 1024, 768))
+
+
 @dataclass(frozen=True)
 class BenchSettings:
     preset: Literal["full", "quick"]  # the name written into bench.json
@@ -63,29 +73,9 @@ class BenchSettings:
     seq_stages: int = 2  # K of the sequence-length curve
     bandwidth_mbps: float = 100.0  # emulated link of the network section
     network_stages: int = 4  # K of the network section
-    network_runs: tuple[
-        NetworkRun, ...
-    ] = (  # methods timed on the emulated link (the first, 'none', is the reference)
-        NetworkRun("none"),
-        NetworkRun("clapping_fc", "quant(4)", "quant(8)"),
-        NetworkRun("clapping_fc", "quant(4)", "quant(8)", 0.5),
-        NetworkRun("clapping_fu", "topk(0.1)", "topk(0.1)", 0.5),
-    )
-    compressors: tuple[str, ...] = (
-        "fp16",
-        "bf16",
-        "topk(0.01)",
-        "topk(0.1)",
-        "randk(0.1)",
-        "quant(2)",
-        "quant(4)",
-        "quant(8)",
-    )  # compressors timed
-    compressor_shapes: tuple[tuple[int, ...], ...] = (
-        (4, 128, 128),
-        (4, 512, 512),
-        (4, 1024, 768),
-    )  # message shapes (micro-batch, T, d)
+    network_runs: tuple[NetworkRun, ...] = NETWORK_RUNS  # timed on the slow link; the 1st is none
+    compressors: tuple[str, ...] = COMPRESSORS  # compressors timed
+    compressor_shapes: tuple[tuple[int, ...], ...] = MESSAGE_SHAPES  # message shapes (micro-batch, T, d)
     compressor_repeats: int = 5  # timed compress+decompress calls per compressor and shape
     memory_sizes: tuple[int, ...] = (1000, 4000, 16000)  # dataset sizes N of the buffer-memory curve
     sections: tuple[str, ...] = SECTIONS  # which sections run

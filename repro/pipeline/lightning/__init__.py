@@ -9,7 +9,14 @@ from .strategy import ClappingStrategy
 
 def register_strategies() -> None:
     """Make ``strategy="clapping"`` (and ``clapping_spawn``, ``clapping_fork``) known to Lightning."""
-    ClappingStrategy.register_strategies(StrategyRegistry)
+    for name, start in (("clapping", "popen"), ("clapping_spawn", "spawn"), ("clapping_fork", "fork")):
+        if name not in StrategyRegistry:
+            StrategyRegistry.register(
+                name,
+                ClappingStrategy,
+                description=f"Clapping pipeline-parallel strategy (start_method '{start}')",
+                start_method=start,
+            )
 
 
 __all__ = ["ClappingStrategy", "register_strategies"]

@@ -20,21 +20,20 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from lightning.pytorch.trainer.states import RunningStage, TrainerFn
-from torch.utils.data import DataLoader
+from lightning.pytorch.trainer.states import TrainerFn
 
 from repro.data.sampler import LazyBatchSampler
 from repro.dataclass_docs import field_comments
 
-from ..codecs import ChannelCodec, MessageContext, build_codecs
+from ..codecs import ChannelCodec, MessageContext
 from ..model_split import LocalModel, clip_global_grad_norm, keep_local_parts, sum_tied_gradients
 from ..options import PipelineOptions, option_parameters
 from ..runner import NonFiniteError, StageRunner, split_batch
-from ..sample_buffers import SampleBuffers
 from ..schedule import stage_schedule
 from ..stage_parts import StageAdapter, StageSplit, layers_per_stage, stage_adapter_for
 from ..transport import StageLinks
 from . import checkpoint, compat
+from .loader import training_loader
 from .processes import StageProcesses
 from .step_report import RunTotals, StepReport, pipe_scalars, publish, reduce_step
 
@@ -152,59 +151,7 @@ class ClappingStrategy(StageProcesses):
     # ------------------------------------------------------------------ data
     def process_dataloader(self, dataloader: object) -> object:
         """The training loader gets the lazy sampler (p = 1: the ordinary shuffled order)."""
-        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
-        if (
-            trainer is None
-            or trainer.state.stage != RunningStage.TRAINING
-            or not isinstance(dataloader, DataLoader)
-        ):
-            return dataloader
-        batch_size = dataloader.batch_size or getattr(dataloader.batch_sampler, "batch_size", None)
-        if batch_size is None:
-            raise ValueError("strategy='clapping' needs a training DataLoader with a batch_size")
-        m = self.options.micro_batches
-        if batch_size % m:
-            raise ValueError(
-                f"strategy micro_batches={m}: the training batch size {batch_size} does not divide into {m} equal "
-                f"micro-batches; choose a batch size divisible by micro_batches"
-            )
-        seed = self.options.sampler_seed
-        if seed is None:
-            seed = getattr(trainer.datamodule, "shuffle_seed", 0) if trainer.datamodule is not None else 0
-        self.sampler = LazyBatchSampler(
-            len(dataloader.dataset), batch_size, self.options.p, int(seed), self.steps_done
-        )
-        if "sampler" in self.pending:
-            self.sampler.load_state_dict(self.pending.pop("sampler"))
-            self.sampler.set_step(self.steps_done)
-        self._build_codecs(len(dataloader.dataset))
-        workers = dataloader.num_workers
-        return DataLoader(
-            dataloader.dataset,
-            batch_sampler=self.sampler,
-            num_workers=workers,
-            collate_fn=dataloader.collate_fn,
-            pin_memory=dataloader.pin_memory,
-            worker_init_fn=dataloader.worker_init_fn,
-            persistent_workers=dataloader.persistent_workers if workers > 0 else False,
-        )
-
-    def _build_codecs(self, dataset_size: int) -> None:
-        if self.codecs:
-            return
-        opts = self.options
-        n_samples = opts.aqsgd_num_samples or dataset_size
-
-        def rows(boundary: int, role: str) -> SampleBuffers:
-            return SampleBuffers(n_samples, opts.aqsgd_storage, opts.aqsgd_dir, f"aqsgd-b{boundary}-{role}")
-
-        self.codecs.update(
-            build_codecs(
-                opts.method, opts.compressors, self.global_rank, self.num_stages, opts.compression_seed, rows
-            )
-        )
-        for key, state in self.pending.pop("codecs", {}).items():
-            self.codecs[tuple(key.split(":"))].load_state_dict(state, self.root_device)
+        return training_loader(self, dataloader)
 
     # ------------------------------------------------------------------ steps
     def training_step(self, *args: Any, **kwargs: Any):
@@ -388,17 +335,6 @@ class ClappingStrategy(StageProcesses):
             if codec.sample_buffers is not None:
                 codec.sample_buffers.close()
         super().teardown()
-
-    @classmethod
-    def register_strategies(cls, strategy_registry) -> None:
-        for name, start in (("clapping", "popen"), ("clapping_spawn", "spawn"), ("clapping_fork", "fork")):
-            if name not in strategy_registry:
-                strategy_registry.register(
-                    name,
-                    cls,
-                    description=f"Clapping pipeline-parallel strategy (start_method '{start}')",
-                    start_method=start,
-                )
 
 
 ClappingStrategy.__init__.__signature__ = inspect.Signature(

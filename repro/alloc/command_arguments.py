@@ -1,0 +1,235 @@
+"""The arguments of ``repro profile|allocate|transfer|account|analyze`` (``commands.py`` runs them)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _levels_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "budget levels (defaults from the spec: MHA 1.0/0.25/0.5 coverage; MLA d_nope, d_nope/4, d_nope/2)"
+    )
+    g.add_argument(
+        "--high",
+        type=float,
+        default=None,
+        help="high level: coverage in [0,1] (MHA) or rotary width d_R (MLA)",
+    )
+    g.add_argument("--low", type=float, default=None, help="low level, same unit as --high")
+    g.add_argument(
+        "--budget", type=float, default=None, help="budget B: mean coverage (MHA) or mean rotary width (MLA)"
+    )
+
+
+def _runs_args(p: argparse.ArgumentParser, default: str = "<out>.runs/") -> None:
+    p.add_argument(
+        "--runs-dir",
+        type=Path,
+        default=None,
+        help=f"where each training run writes its result JSON and TensorBoard log (default: {default}); "
+        "finished runs found there are reused, so a second call resumes",
+    )
+    p.add_argument(
+        "--accelerator", default="cpu", help="Lightning accelerator for the training runs (cpu, gpu)"
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="train independent runs in this many processes (CPU only; each gets cores/workers threads). "
+        "On a 2-core machine, 2 single-thread workers train small models faster than 1",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="repro",
+        description="The RoPE allocation pipeline: profiles, allocations, transfer, accounting, analysis.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    prof = sub.add_parser(
+        "profile", help="measure a per-layer profile (phase-off, coverage-benefit, interactions)"
+    )
+    psub = prof.add_subparsers(dest="profile_kind", required=True)
+
+    po = psub.add_parser(
+        "phase-off",
+        help="loss increase per layer with the rotation angle forced to 0 there",
+        description="Phase-off profile of a trained model: for each layer, the validation loss "
+        "with that layer's rotation angle forced to 0, minus the reference loss.",
+    )
+    po.add_argument("--config", required=True, type=Path, help="the repro fit YAML of the model and data")
+    src = po.add_mutually_exclusive_group(required=True)
+    src.add_argument(
+        "--ckpt-path", type=Path, help="a trained checkpoint of this config's model (e.g. final.ckpt)"
+    )
+    src.add_argument(
+        "--ref-steps", type=int, help="train the all-high reference for this many steps first (resumable)"
+    )
+    po.add_argument("--seed", type=int, default=0, help="seed of the reference run (with --ref-steps)")
+    po.add_argument(
+        "--eval-every",
+        type=int,
+        default=None,
+        help="validation interval of the reference run (default: steps/5)",
+    )
+    po.add_argument("--per-head", action="store_true", help="also measure every query head of every layer")
+    po.add_argument("--out", required=True, type=Path, help="output profile JSON")
+    _levels_args(po)
+    _runs_args(po)
+
+    cov = psub.add_parser(
+        "coverage",
+        help="coverage-benefit profile: base run (all low) and one upgrade run per layer",
+        description="Coverage-benefit profile: benefit[l] = loss(all low) - loss(layer l high), "
+        "each run trained for T_early steps from the same init seed, averaged over seeds.",
+    )
+    cov.add_argument("--config", required=True, type=Path, help="the repro fit YAML of the model and data")
+    cov.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="T_early: steps per run (default: early-fraction x full-steps)",
+    )
+    cov.add_argument(
+        "--early-fraction",
+        type=float,
+        default=0.15,
+        help="T_early as a fraction of the full run (default 0.15)",
+    )
+    cov.add_argument(
+        "--full-steps",
+        type=int,
+        default=None,
+        help="steps of the full run (default: the config's trainer.max_steps)",
+    )
+    cov.add_argument(
+        "--lr-schedule",
+        choices=("full-run", "early-run"),
+        default="full-run",
+        help="full-run: the runs follow the full run's lr schedule, stopped early; "
+        "early-run: the schedule is compressed into T_early steps",
+    )
+    cov.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="S_profile seeds (default: 0 1)")
+    cov.add_argument(
+        "--eval-every", type=int, default=None, help="validation interval in steps (default: T_early/6)"
+    )
+    cov.add_argument(
+        "--last-n", type=int, default=3, help="a run's loss is the mean of its last n evaluations (default 3)"
+    )
+    cov.add_argument(
+        "--group-size",
+        type=int,
+        default=1,
+        help="upgrade contiguous groups of g layers (ceil(L/g)+1 runs per seed)",
+    )
+    cov.add_argument(
+        "--group-spread",
+        choices=("divide", "copy"),
+        default="divide",
+        help="spread a group's benefit over its layers: divide equally (default) or copy to each",
+    )
+    cov.add_argument("--out", required=True, type=Path, help="output profile JSON")
+    _levels_args(cov)
+    _runs_args(cov)
+
+    inter = psub.add_parser(
+        "interactions",
+        help="pairwise interaction terms among the top layers of a profile",
+        description="For pairs of the top-m layers of a coverage-benefit profile, train a run with "
+        "both high and report benefit[i,j] - (benefit[i] + benefit[j]).",
+    )
+    inter.add_argument("--config", required=True, type=Path, help="the config the profile was measured with")
+    inter.add_argument("--profile", required=True, type=Path, help="coverage-benefit profile JSON")
+    inter.add_argument("--top", type=int, default=3, help="use all pairs among the top-m layers (default 3)")
+    inter.add_argument("--out", required=True, type=Path, help="output JSON of interaction terms")
+    _runs_args(inter, default="the profile's own runs folder, so that its base runs are reused")
+
+    al = sub.add_parser(
+        "allocate",
+        help="choose high/low layers under the budget with one or more methods",
+        description="Allocations under a fixed budget. Budget-matched: profiled, transferred, uniform, "
+        "first-k, last-k, spaced-k, random-k, inverse, phase-off-k. Reference points: "
+        "all-high, all-low, nope.",
+    )
+    al.add_argument("--config", required=True, type=Path, help="the repro fit YAML of the model to allocate")
+    al.add_argument(
+        "--method", nargs="+", default=["all"], help="methods, or 'all' (those whose inputs are given)"
+    )
+    al.add_argument("--benefit", type=Path, help="coverage-benefit profile JSON (profiled, inverse)")
+    al.add_argument("--transferred", type=Path, help="transferred profile JSON (transferred)")
+    al.add_argument("--phase-off", type=Path, help="phase-off profile JSON (phase-off-k)")
+    al.add_argument("--draws", type=int, default=3, help="random-k: number of seeded draws R (default 3)")
+    al.add_argument(
+        "--seed", type=int, default=0, help="random-k: seed of the first draw (draw r uses seed + r)"
+    )
+    al.add_argument("--out", required=True, type=Path, help="output JSON with every allocation")
+    al.add_argument(
+        "--write-configs",
+        type=Path,
+        default=None,
+        help="also write one repro fit YAML per allocation into this folder (train with repro fit --config)",
+    )
+    _levels_args(al)
+
+    tr = sub.add_parser(
+        "transfer",
+        help="map a profile to a model of another depth by normalized depth",
+        description="Normalized-depth transfer: layer j of an L-layer model sits at u=j/(L-1); the "
+        "target profile is the source profile interpolated at the target's depths.",
+    )
+    tr.add_argument(
+        "--profile", required=True, type=Path, help="source profile JSON (measured on the smaller model)"
+    )
+    target = tr.add_mutually_exclusive_group(required=True)
+    target.add_argument("--config", type=Path, help="the target model's repro fit YAML")
+    target.add_argument("--target-layers", type=int, help="number of layers of the target model")
+    tr.add_argument(
+        "--method", choices=("linear", "nearest"), default="linear", help="interpolation (default linear)"
+    )
+    tr.add_argument("--out", required=True, type=Path, help="output transferred profile JSON")
+    tr.add_argument(
+        "--direct",
+        type=Path,
+        default=None,
+        help="a profile measured directly on the target: report transfer fidelity against it",
+    )
+
+    ac = sub.add_parser(
+        "account",
+        help="KV-cache, RoPE and attention cost per token of a model or allocation",
+        description="Analytical resource accounting per token and per layer (spec section 6).",
+    )
+    ac.add_argument("--config", required=True, type=Path, help="the repro fit YAML of the model")
+    ac.add_argument(
+        "--allocation",
+        type=Path,
+        default=None,
+        help="allocation JSON from repro allocate: account each allocation (default: the config's own widths)",
+    )
+    ac.add_argument(
+        "--context", type=int, default=None, help="context length T for attention FLOPs (default: block size)"
+    )
+    ac.add_argument(
+        "--bytes-per-elem", type=int, default=2, help="bytes per cached element (default 2, bf16)"
+    )
+    ac.add_argument("--out", type=Path, default=None, help="output JSON (default: print only)")
+
+    an = sub.add_parser(
+        "analyze",
+        help="stability, phase-off vs benefit, transfer fidelity, calibration",
+        description="The brief analysis of spec section 5 from saved profiles and results.",
+    )
+    an.add_argument("--benefit", type=Path, help="coverage-benefit profile JSON (stability across seeds)")
+    an.add_argument("--phase-off", type=Path, help="phase-off profile JSON (Spearman against --benefit)")
+    an.add_argument("--transferred", type=Path, help="transferred profile JSON (fidelity against --benefit)")
+    an.add_argument("--top-k", type=int, default=None, help="k for the top-k Jaccard of transfer fidelity")
+    an.add_argument(
+        "--calibration",
+        type=Path,
+        help="JSON list of {high_layers, realized_gain}: realized loss change of trained allocations",
+    )
+    an.add_argument("--out", required=True, type=Path, help="output JSON")
+    return parser

@@ -1,0 +1,77 @@
+"""The pipeline's training loader: every rank draws the same batches from the one sampler of the
+suite (lazy reuse with probability 1 - p; p = 1 is the ordinary shuffled order), started at the
+run's step, and the codecs of the rank's channel ends are built once the dataset size is known."""
+
+from __future__ import annotations
+
+from lightning.pytorch.trainer.states import RunningStage
+from torch.utils.data import DataLoader
+
+from repro.data.sampler import LazyBatchSampler
+
+from ..codecs import build_codecs
+from ..sample_buffers import SampleBuffers
+
+
+def training_loader(strategy, dataloader: object) -> object:
+    """The training DataLoader with the strategy's sampler (other loaders are left as they are)."""
+    trainer = strategy.lightning_module.trainer if strategy.lightning_module is not None else None
+    if (
+        trainer is None
+        or trainer.state.stage != RunningStage.TRAINING
+        or not isinstance(dataloader, DataLoader)
+    ):
+        return dataloader
+    batch_size = dataloader.batch_size or getattr(dataloader.batch_sampler, "batch_size", None)
+    if batch_size is None:
+        raise ValueError("strategy='clapping' needs a training DataLoader with a batch_size")
+    m = strategy.options.micro_batches
+    if batch_size % m:
+        raise ValueError(
+            f"strategy micro_batches={m}: the training batch size {batch_size} does not divide into {m} equal "
+            f"micro-batches; choose a batch size divisible by micro_batches"
+        )
+    seed = strategy.options.sampler_seed
+    if seed is None:
+        seed = getattr(trainer.datamodule, "shuffle_seed", 0) if trainer.datamodule is not None else 0
+    strategy.sampler = LazyBatchSampler(
+        len(dataloader.dataset), batch_size, strategy.options.p, int(seed), strategy.steps_done
+    )
+    if "sampler" in strategy.pending:
+        strategy.sampler.load_state_dict(strategy.pending.pop("sampler"))
+        strategy.sampler.set_step(strategy.steps_done)
+    build_stage_codecs(strategy, len(dataloader.dataset))
+    workers = dataloader.num_workers
+    return DataLoader(
+        dataloader.dataset,
+        batch_sampler=strategy.sampler,
+        num_workers=workers,
+        collate_fn=dataloader.collate_fn,
+        pin_memory=dataloader.pin_memory,
+        worker_init_fn=dataloader.worker_init_fn,
+        persistent_workers=dataloader.persistent_workers if workers > 0 else False,
+    )
+
+
+def build_stage_codecs(strategy, dataset_size: int) -> None:
+    """This rank's channel ends (once), with any codec state a checkpoint left waiting."""
+    if strategy.codecs:
+        return
+    opts = strategy.options
+    n_samples = opts.aqsgd_num_samples or dataset_size
+
+    def rows(boundary: int, role: str) -> SampleBuffers:
+        return SampleBuffers(n_samples, opts.aqsgd_storage, opts.aqsgd_dir, f"aqsgd-b{boundary}-{role}")
+
+    strategy.codecs.update(
+        build_codecs(
+            opts.method,
+            opts.compressors,
+            strategy.global_rank,
+            strategy.num_stages,
+            opts.compression_seed,
+            rows,
+        )
+    )
+    for key, state in strategy.pending.pop("codecs", {}).items():
+        strategy.codecs[tuple(key.split(":"))].load_state_dict(state, strategy.root_device)

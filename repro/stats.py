@@ -1,0 +1,180 @@
+"""Paired statistics of the tables: is a row's difference to its reference resolved by the seeds?
+
+Each row is compared with its reference (``uniform`` in Table 1, ``none`` in the Clapping table)
+seed by seed: the differences ``row(seed) - reference(seed)`` remove the part of the seed spread
+that both share. For them: the mean, its 95 % confidence interval (Student t), a two-sided paired
+t-test, and with 6 or more seeds the exact Wilcoxon signed-rank and sign tests. Holm's method
+corrects the t-test p-values across the rows of a table; a row is *resolved* when its corrected
+p-value is below ``alpha``. The power figures say what the seeds could have seen: the smallest
+difference a paired t-test detects with 80 % power, and the seeds needed for a given difference.
+Everything is computed with ``scipy.stats``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from scipy import stats as sp
+
+ALPHA = 0.05  # significance level of the tests (two-sided) and of Holm's correction
+CONFIDENCE = 0.95  # level of the confidence intervals
+POWER = 0.8  # power of the detectable-difference and seeds-needed figures
+RANK_TESTS_FROM = 6  # seeds from which the exact Wilcoxon and sign tests are added
+
+
+@dataclass(frozen=True)
+class PairedComparison:
+    """A row against its reference over paired seeds."""
+
+    n: int  # paired seeds
+    mean: float  # mean of row - reference
+    std: float | None  # sample std of the differences (None with one seed)
+    ci_low: float | None  # 95 % confidence interval of the mean difference
+    ci_high: float | None
+    p: float | None  # two-sided paired t-test (None with one seed)
+    p_wilcoxon: float | None = None  # exact Wilcoxon signed-rank test (6 seeds or more)
+    p_sign: float | None = None  # exact sign test (6 seeds or more)
+    p_holm: float | None = None  # p after Holm's correction across the table's rows
+    resolved: bool = False  # p_holm < alpha: the seeds tell this row from its reference
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def paired_comparison(
+    row: Sequence[float], reference: Sequence[float], confidence: float = CONFIDENCE
+) -> PairedComparison:
+    """Row against reference, seed by seed (the two sequences are in the same seed order)."""
+    if len(row) != len(reference) or not row:
+        raise ValueError(
+            f"paired comparison needs as many row values as reference values ({len(row)} vs {len(reference)})"
+        )
+    diffs = [float(a) - float(b) for a, b in zip(row, reference)]
+    n = len(diffs)
+    mean = statistics.fmean(diffs)
+    if n < 2:
+        return PairedComparison(n, mean, None, None, None, None)
+    std = statistics.stdev(diffs)
+    if std == 0.0:  # every seed moved by the same amount: no spread to test against
+        p = 1.0 if mean == 0.0 else 0.0
+        return PairedComparison(n, mean, 0.0, mean, mean, p, *_rank_tests(diffs))
+    half = sp.t.ppf(0.5 + confidence / 2, n - 1) * std / math.sqrt(n)
+    p = float(sp.ttest_rel(row, reference).pvalue)
+    return PairedComparison(n, mean, std, mean - half, mean + half, p, *_rank_tests(diffs))
+
+
+def _rank_tests(diffs: list[float]) -> tuple[float | None, float | None]:
+    if len(diffs) < RANK_TESTS_FROM:
+        return None, None
+    nonzero = [d for d in diffs if d != 0.0]
+    if not nonzero:
+        return 1.0, 1.0
+    wilcoxon = float(sp.wilcoxon(nonzero, method="exact").pvalue)
+    sign = float(sp.binomtest(sum(d > 0 for d in nonzero), len(nonzero), 0.5).pvalue)
+    return wilcoxon, sign
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (same order as given)."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def with_holm(
+    comparisons: Mapping[str, PairedComparison], alpha: float = ALPHA
+) -> dict[str, PairedComparison]:
+    """The comparisons with Holm-corrected p-values and the resolved mark (rows without a p-value
+    are left unresolved and do not count in the correction)."""
+    tested = [name for name, c in comparisons.items() if c.p is not None]
+    adjusted = dict(zip(tested, holm([comparisons[name].p for name in tested])))
+    out = {}
+    for name, c in comparisons.items():
+        p_holm = adjusted.get(name)
+        out[name] = replace(c, p_holm=p_holm, resolved=p_holm is not None and p_holm < alpha)
+    return out
+
+
+def _power(delta: float, std: float, n: int, alpha: float) -> float:
+    """Power of a two-sided paired t-test with n pairs to see a true mean difference delta."""
+    df = n - 1
+    crit = sp.t.ppf(1 - alpha / 2, df)
+    ncp = delta * math.sqrt(n) / std
+    return float(sp.nct.sf(crit, df, ncp) + sp.nct.cdf(-crit, df, ncp))
+
+
+def detectable_difference(std: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float | None:
+    """The smallest true difference a paired t-test over n seeds detects with the given power,
+    when the paired differences have standard deviation ``std`` (None below 2 seeds)."""
+    if n < 2 or std is None:
+        return None
+    if std == 0.0:
+        return 0.0
+    lo, hi = 0.0, std
+    while _power(hi, std, n, alpha) < power:
+        hi *= 2
+    for _ in range(60):  # bisection to float precision of the answer
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _power(mid, std, n, alpha) < power else (lo, mid)
+    return hi
+
+
+def seeds_needed(
+    std: float, delta: float, alpha: float = ALPHA, power: float = POWER, limit: int = 100_000
+) -> int | None:
+    """Paired seeds a t-test needs to detect ``delta`` with the given power (None beyond ``limit``)."""
+    if std == 0.0:
+        return 2
+    n = 2
+    while _power(delta, std, n, alpha) < power:
+        n = n * 2 if n < 64 else n + max(1, n // 8)
+        if n > limit:
+            return None
+    lo = max(2, n // 2)
+    while lo < n:  # the smallest n with enough power
+        mid = (lo + n) // 2
+        lo, n = (mid + 1, n) if _power(delta, std, mid, alpha) < power else (lo, mid)
+    return n
+
+
+def pooled_std(groups: Sequence[Sequence[float]]) -> float | None:
+    """The pooled sample standard deviation of several groups (each with its own mean)."""
+    ss = sum(sum((x - statistics.fmean(g)) ** 2 for x in g) for g in groups if len(g) > 1)
+    df = sum(len(g) - 1 for g in groups if len(g) > 1)
+    return math.sqrt(ss / df) if df else None
+
+
+def power_figures(
+    paired_diffs: Sequence[Sequence[float]],
+    seed_groups: Sequence[Sequence[float]],
+    n: int,
+    target: float = 0.01,
+    alpha: float = ALPHA,
+    power: float = POWER,
+) -> dict[str, Any]:
+    """What the seeds of a table can resolve: the seed-to-seed std (pooled over rows), the std of
+    the paired differences (pooled), the smallest difference detectable with ``n`` seeds, and the
+    seeds needed to detect ``target``."""
+    seed_std = pooled_std(seed_groups)
+    diff_std = pooled_std(paired_diffs)
+    return {
+        "seeds": n,
+        "seed_std": seed_std,
+        "paired_diff_std": diff_std,
+        "alpha": alpha,
+        "power": power,
+        "detectable_difference": detectable_difference(diff_std, n, alpha, power)
+        if diff_std is not None
+        else None,
+        "target_difference": target,
+        "seeds_for_target": seeds_needed(diff_std, target, alpha, power) if diff_std is not None else None,
+    }
