@@ -7,10 +7,13 @@ is read when the result log is missing.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import numpy as np
+
+from repro.lit.tensorboard_scalars import read_scalars
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ARCH_TITLE, TEXT_WIDTH_IN, load_table1, plt, save, style
@@ -19,13 +22,9 @@ REFERENCE = {"all-high", "all-low", "nope"}
 
 
 def val_curve(run: dict) -> list[tuple[int, float]]:
-    import json
-
     result = Path(run.get("result", ""))
     if result.is_file():
         return [(int(s), float(v)) for s, v in json.loads(result.read_text())["val_curve"]]
-    from repro.lit.tensorboard_scalars import read_scalars
-
     return [(s + 1, v) for s, v in read_scalars(run["tensorboard"]).get("val/loss", [])]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from repro.data import TextDataModule, load_documents, split_documents
@@ -114,6 +115,30 @@ def test_local_hf_dataset_directory(tmp_path):
         cache_dir=str(tmp_path / "cache"),
     )
     dm.setup()
-    names = [d.name for d in dm.split.validation]
-    assert len(names) == 3 and set(names) <= set(rows["name"])
+    names = [d.name for d in dm.split.validation + dm.split.test]
+    assert len(names) == 3 and set(names) <= set(rows["name"]) and dm.split.test
     assert set(names).isdisjoint(d.name for d in dm.split.train)
+
+
+def test_the_test_split_is_carved_from_the_held_out_documents_and_leaves_training_as_it_was(data_cache):
+    docs = load_documents("shakespeare", data_cache)
+    without = split_documents(docs, val_fraction=0.1, seed=0)
+    with_test = split_documents(docs, val_fraction=0.1, seed=0, test_fraction=0.5)
+    assert [d.name for d in with_test.train] == [d.name for d in without.train]  # training data unchanged
+    val, test = {d.name for d in with_test.validation}, {d.name for d in with_test.test}
+    assert len(val) == len(test) == 2 and not val & test
+    assert val | test == {d.name for d in without.validation}
+    named = split_documents(docs, val_documents=["hamlet", "macbeth"], test_documents=["macbeth"])
+    assert [d.name for d in named.validation] == ["hamlet"] and [d.name for d in named.test] == ["macbeth"]
+    with pytest.raises(
+        ValueError, match=r"data.test_documents: \['othello'\] are not held out from training"
+    ):
+        split_documents(docs, val_documents=["hamlet", "macbeth"], test_documents=["othello"])
+
+
+def test_repro_test_evaluates_the_test_split_not_the_validation_one(smoke_datamodule):
+    dm = smoke_datamodule
+    assert dm.split.test and len(dm.test_set) > 0
+    assert not torch.equal(
+        next(iter(dm.test_dataloader()))["input_ids"], next(iter(dm.val_dataloader()))["input_ids"]
+    )

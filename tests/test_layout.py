@@ -26,7 +26,7 @@ LAYERS = [
     {"repro.lit", "repro.pipeline.lightning"},
     {"repro.runs"},
     {"repro.alloc"},
-    {"repro.experiments"},
+    {"repro.experiments", "repro.results"},
     {"repro.cli", "repro"},
 ]
 # allowed between siblings of one layer (a plain-torch model split needs the plain GPT)

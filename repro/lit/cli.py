@@ -11,6 +11,9 @@ field or the file).
 
 from __future__ import annotations
 
+import re
+
+import torch
 from lightning.pytorch.cli import LightningCLI
 
 from repro.data import TextDataModule
@@ -21,6 +24,27 @@ from .gpt_module import GPTLightningModule
 from .precision import default_precision
 
 SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
+
+
+def one_line(exc: Exception) -> str:
+    """An error of jsonargparse or of a class it built, as one line: the key and the first reason
+    (a union's ``Expected a NoneType`` alternative is not a reason)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    key = re.search(r'Parser key "([^"]+)"', " ".join(lines))
+    skip = (
+        "Parser key",
+        "Given value",
+        "Subtypes",
+        "Errors:",
+        "Does not validate",
+        "- Expected a <class 'NoneType'>",
+    )
+    reasons = [line.lstrip("- ") for line in lines if not line.startswith(skip)]
+    specific = [r for r in reasons if not r.startswith("Expected a <class")]  # the alternatives of a union
+    reason = (specific or reasons or lines)[0]
+    return f"{key.group(1)}: {reason}" if key and not reason.startswith(key.group(1)) else reason
 
 
 class ConfigError(ValueError):
@@ -52,8 +76,41 @@ class ReproCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         trainer = config.get("trainer")
-        if trainer is not None and trainer.get("precision") is None:
-            trainer["precision"] = default_precision(trainer.get("accelerator", "auto"))
+        if trainer is None:
+            return
+        accelerator = str(trainer.get("accelerator", "auto"))
+        if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+            raise ConfigError(
+                f"trainer.accelerator={accelerator!r} but no CUDA GPU is visible here; "
+                "pass --trainer.accelerator=cpu (and a smaller model) to run on the CPU"
+            )
+        if trainer.get("precision") is None:
+            trainer["precision"] = default_precision(accelerator)
+        self._check_pipeline_stages(config)
+
+    @staticmethod
+    def _check_pipeline_stages(config) -> None:
+        """A pipeline needs at least one layer per stage (checked here, before K processes start)."""
+        trainer, gpt = config.get("trainer") or {}, config.get("model", {}).get("gpt")
+        strategy = trainer.get("strategy")
+        name = strategy if isinstance(strategy, str) else (strategy or {}).get("class_path", "")
+        devices, nodes = trainer.get("devices"), trainer.get("num_nodes") or 1
+        devices = int(devices) if isinstance(devices, str) and devices.isdigit() else devices
+        if "clapping" not in str(name).lower() or gpt is None or not isinstance(devices, int):
+            return
+        n_layer = _gpt_fields(gpt).get("n_layer")
+        if isinstance(n_layer, int) and devices * nodes > n_layer:
+            raise ConfigError(
+                f"trainer.devices={devices}: the pipeline has one stage per process, but model.gpt.n_layer={n_layer}; "
+                f"use at most {n_layer} devices (or a deeper model)"
+            )
+
+    def instantiate_classes(self) -> None:
+        """Build the data, model and trainer; a value that a class refuses is a one-line error."""
+        try:
+            super().instantiate_classes()
+        except (ValueError, TypeError, FileNotFoundError) as exc:
+            raise ConfigError(one_line(exc)) from None
 
     @staticmethod
     def _check_model_config(config) -> None:

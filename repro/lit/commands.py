@@ -7,14 +7,29 @@ model or checkpoint it names are reported in one line, before anything is built 
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 import yaml
+from jsonargparse import ArgumentError
 
 from repro.paths import missing_file_message
 from repro.pipeline.lightning import register_strategies
 
-from .cli import ConfigError, ReproCLI
+from .cli import ConfigError, ReproCLI, one_line
+
+# every parser of the command (main and subcommands) raises instead of printing usage and exiting
+_STRICT = {"exit_on_error": False, "allow_abbrev": False}
+PARSER_KWARGS = {
+    "description": "Train and evaluate the suite's GPT models with Lightning.",
+    **_STRICT,
+    **{command: dict(_STRICT) for command in ("fit", "validate", "test", "predict")},
+}
+
+PARSER_KWARGS = {
+    "description": "Train and evaluate the suite's GPT models with Lightning.",
+    "exit_on_error": False,  # errors are reported in one line below
+}
 
 
 def config_file_problem(args: list[str]) -> str | None:
@@ -37,7 +52,9 @@ def config_file_problem(args: list[str]) -> str | None:
             return f"--config {path!r}: not UTF-8 text"
         except yaml.YAMLError as exc:
             return f"--config {path!r}: not valid YAML ({str(exc).splitlines()[0]})"
-        if data is not None and not isinstance(data, dict):
+        if data is None:
+            return f"--config {path!r}: the file is empty; a config needs model.gpt (see paper_configs/models/smoke/)"
+        if not isinstance(data, dict):
             kind = type(data).__name__
             return f"--config {path!r}: must be a mapping of sections (trainer, model, data), got a {kind}"
     return None
@@ -51,13 +68,16 @@ def main(argv: list[str]) -> int:
         print(f"repro {command}: error: {problem}", file=sys.stderr)
         return 2
     register_strategies()
+    warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter is intended.*")
     try:
-        ReproCLI(
-            args=argv,
-            save_config_kwargs={"overwrite": True},
-            parser_kwargs={"description": "Train and evaluate the suite's GPT models with Lightning."},
-        )
+        ReproCLI(args=argv, save_config_kwargs={"overwrite": True}, parser_kwargs=PARSER_KWARGS)
     except ConfigError as exc:
         print(f"repro {command}: error: {exc}", file=sys.stderr)
+        return 2
+    except ArgumentError as exc:  # jsonargparse: an unknown key, a value of the wrong type
+        print(
+            f"repro {command}: error: {one_line(exc)} (`repro {command} --help` lists every option)",
+            file=sys.stderr,
+        )
         return 2
     return 0

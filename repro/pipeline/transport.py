@@ -140,9 +140,15 @@ class StageLinks:
         return tuple(int(v) for v in header[1 : 1 + ndim]), _DTYPES[int(header[9])]
 
     def _wait(self, work, what: str, src: int) -> None:
+        start = time.perf_counter()
         try:
             work.wait(self.timeout)
         except RuntimeError as exc:
+            if time.perf_counter() - start < 0.9 * self.timeout_s:  # not a timeout: the link broke
+                raise PipelineTimeout(
+                    f"stage {self.rank}: the connection closed while it waited for {what} from stage {src}: a "
+                    f"stage process has died (the first error or 'killed' message above names it)"
+                ) from None
             raise PipelineTimeout(
                 f"stage {self.rank}: no {what} from stage {src} within {self.timeout_s:g} s (timeout_s); "
                 f"that stage has most likely failed, see its error. ({exc})"

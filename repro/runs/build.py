@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import time
 import warnings
@@ -43,8 +44,13 @@ HARMLESS_WARNINGS = (
 )
 
 
+VERBOSE_ENV = "REPRO_VERBOSE"  # set (to 1) by a command's -v: Lightning's own lines are shown
+
+
 def quiet_lightning() -> None:
-    """Silence Lightning's banners, tips and known-harmless warnings in this process."""
+    """Silence Lightning's banners, tips and known-harmless warnings in this process (unless -v)."""
+    if os.environ.get(VERBOSE_ENV):
+        return
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
     for pattern in HARMLESS_WARNINGS:

@@ -17,6 +17,7 @@ from typing import Any
 import lightning as L
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 from lightning.fabric.plugins.environments.lightning import find_free_network_port
 
 from repro.files import write_json_atomic
@@ -160,8 +161,6 @@ def _torch_worker(
 
 def torch_pipelining_run(cfg: GPTConfig, s: BenchSettings, k: int, seed: int = 0) -> dict[str, Any]:
     """One run of PyTorch's own pipeline (PipelineStage + ScheduleGPipe) at K stages."""
-    import torch.multiprocessing as mp
-
     with tempfile.TemporaryDirectory(prefix="repro-bench-") as tmp:
         mp.start_processes(
             _torch_worker,

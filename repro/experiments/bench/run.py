@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from repro.files import write_json_atomic, write_text_atomic
-from repro.runs.build import quiet_lightning
+from repro.runs.build import VERBOSE_ENV, quiet_lightning
 from repro.runs.provenance import git_commit, machine, now
 
 from .compressor_bench import bench_compressors
@@ -150,7 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sections", nargs="+", default=None, help=f"run only these sections of {SECTIONS}")
     parser.add_argument("--out", default="results/bench", help="results directory")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show Lightning's own lines too")
     args = parser.parse_args(argv)
+    if args.verbose:
+        os.environ[VERBOSE_ENV] = "1"
     quiet_lightning()
     if args.preset and args.settings:
         parser.error("give at most one of --preset or --settings")

@@ -13,6 +13,7 @@ The table is written last, md, csv and then json.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from dataclasses import asdict
@@ -22,7 +23,7 @@ from typing import Any
 from repro.dataclass_docs import fields_help
 from repro.pipeline.memory import buffer_memory_points
 from repro.runs import Progress, RunResult, check_accelerator, train_all
-from repro.runs.build import quiet_lightning
+from repro.runs.build import VERBOSE_ENV, quiet_lightning
 from repro.runs.interrupts import remember_interrupts, stop_if_interrupted
 from repro.runs.model_config import load_model_config
 from repro.runs.provenance import display_path
@@ -131,11 +132,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--settings", default=None, help="a settings YAML instead of --scale")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="override the settings' seeds")
+    parser.add_argument(
+        "--accelerator", default=None, choices=("cpu", "gpu"), help="cpu or gpu (default: the settings')"
+    )
     parser.add_argument("--out", default="results/clapping", help="results directory")
     parser.add_argument(
         "--cache-dir", default=None, help="tokenizer and token cache (default: the config's data.cache_dir)"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show Lightning's own lines too")
     return parser
 
 
@@ -144,12 +149,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if bool(args.scale) == bool(args.settings):
         parser.error("give exactly one of --scale or --settings")
+    if args.verbose:
+        os.environ[VERBOSE_ENV] = "1"
     quiet_lightning()
     try:
         if args.seeds is not None and (len(set(args.seeds)) != len(args.seeds) or min(args.seeds) < 0):
             raise ValueError(f"--seeds {args.seeds}: give distinct non-negative integers")
         settings = load_clapping_settings(
-            args.settings or settings_path(args.scale), seeds=tuple(args.seeds) if args.seeds else None
+            args.settings or settings_path(args.scale),
+            seeds=tuple(args.seeds) if args.seeds else None,
+            accelerator=args.accelerator,
         )
         report = run_clapping(settings, Path(args.out), args.cache_dir, args.quiet)
     except (ValueError, FileNotFoundError) as exc:

@@ -20,6 +20,7 @@ continues where it stopped. The table (md, csv, json) is written atomically at t
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -32,7 +33,7 @@ from repro.alloc.phase_off_profile import measure_phase_off_profile
 from repro.alloc.transfer import transfer_profile
 from repro.dataclass_docs import fields_help
 from repro.runs import Progress, RunResult, check_accelerator, train_all
-from repro.runs.build import quiet_lightning
+from repro.runs.build import VERBOSE_ENV, quiet_lightning
 from repro.runs.interrupts import remember_interrupts
 
 from .plan import (
@@ -217,11 +218,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--cache-dir", default=None, help="tokenizer and token cache (default: the configs' data.cache_dir)"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show Lightning's own lines too")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.verbose:
+        os.environ[VERBOSE_ENV] = "1"
     quiet_lightning()
     try:
         settings = load_table1_settings(

@@ -4,13 +4,14 @@ the collectives Lightning asks a strategy for, and a watchdog that ends a rank w
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from lightning.pytorch.strategies.parallel import ParallelStrategy
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero_only
 
 from ..options import PipelineOptions
@@ -92,6 +93,7 @@ class StageProcesses(ParallelStrategy):
             )
         super().setup_environment()
         self.set_world_ranks()
+        self._share_cores()
         if self.options.start_method in ("spawn", "fork"):
             exit_when_parent_dies(f"rank {self.global_rank}", "the main process that started the ranks")
         elif self.local_rank > 0:  # popen: rank 0 of this node started this rank (torchrun: its agent)
@@ -137,3 +139,17 @@ class StageProcesses(ParallelStrategy):
         out = tensor.clone()
         dist.all_reduce(out, group=group)
         return out / self.world_size if reduce_op in ("mean", "avg") else out
+
+    def _share_cores(self) -> None:
+        """The stage processes of a machine share its cores: each takes cores // processes torch
+        threads (never more than it already has), unless OMP_NUM_THREADS chose for them."""
+        if os.environ.get("OMP_NUM_THREADS"):
+            return
+        cores = os.cpu_count() or 1
+        share = max(1, cores // max(1, self.num_processes))
+        torch.set_num_threads(min(share, torch.get_num_threads()))
+        if self.global_rank == 0:
+            rank_zero_info(
+                f"[clapping] {self.num_processes} stage processes on {cores} cores: "
+                f"{torch.get_num_threads()} torch thread(s) each (OMP_NUM_THREADS overrides)"
+            )
