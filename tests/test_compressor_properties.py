@@ -18,8 +18,8 @@ specs = st.one_of(
     st.sampled_from(["identity", "fp16", "bf16"]),
     ratios.map(lambda r: f"topk({r})"),
     ratios.map(lambda r: f"randk({r})"),
-    st.tuples(st.integers(2, 8), st.booleans()).map(
-        lambda t: f"quant({t[0]}{',stochastic' if t[1] else ''})"
+    st.tuples(st.integers(2, 8), st.booleans(), st.sampled_from(["fixed", "span"])).map(
+        lambda t: f"quant({t[0]}{',stochastic' if t[1] else ''},grid={t[2]})"
     ),
 )
 
@@ -64,13 +64,17 @@ def test_any_message_round_trips_within_the_compressors_promise(spec, x, seed):
         nonzero = x_hat.reshape(-1) != 0
         assert int(nonzero.sum()) <= k
         assert torch.equal(x_hat.reshape(-1)[nonzero], x.reshape(-1)[nonzero])
-    else:  # quant: within half a level (deterministic) or one level (stochastic) of each channel's scale
+    else:  # quant: within half a level (deterministic) or one level (stochastic, or the fixed grid's clipped top)
         rows = x.reshape(-1, x.shape[-1])
-        scale = rows.abs().amax(dim=0)
-        # the fp16 scale is rounded up, by at most one fp16 step (relative 2**-10)
-        step = 2 * scale * (1 + 2.0**-10) / (2**comp.bits - 1)
+        scale = rows.abs().amax(dim=0) * (
+            1 + 2.0**-10
+        )  # the fp16 scale is rounded up, by at most one fp16 step
+        if comp.grid == "span":
+            step = 2 * scale / (2**comp.bits - 1)
+            bound = step if comp.stochastic else step / 2
+        else:
+            bound = step = scale / 2 ** (comp.bits - 1)
         err = (x_hat.reshape(-1, x.shape[-1]) - rows).abs()
-        bound = step if comp.stochastic else step / 2
         assert (err <= bound + 1e-3 * scale + 1e-6).all()
 
 

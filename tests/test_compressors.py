@@ -72,15 +72,52 @@ def test_randk_both_ends_pick_the_same_entries_from_the_seed():
 
 
 @pytest.mark.parametrize("bits", range(2, 9))
-def test_quant_error_is_at_most_one_level_half_step_per_channel(bits):
+@pytest.mark.parametrize("grid", ["fixed", "span"])
+def test_quant_error_is_bounded_per_channel(bits, grid):
+    """span: half of its 2 / (2**bits - 1) level spacing; fixed: one step s / 2**(bits-1) (half a step
+    inside the grid, a whole one where its top code clips)."""
     torch.manual_seed(bits)
     x = torch.randn(4, 16, 32) * torch.linspace(0.01, 10, 32)  # channels of very different scales
-    comp = Quantize(bits)
+    comp = Quantize(bits, grid=grid)
     x_hat = comp.decompress(comp.compress(x), x.shape, x.dtype)
-    scale = x.abs().amax(dim=(0, 1))
-    bound = scale.to(torch.float16).float() / (2**bits - 1)
+    scale = x.abs().amax(dim=(0, 1)).to(torch.float16).float()
+    bound = scale / (2**bits - 1) if grid == "span" else scale / 2 ** (bits - 1)
     err = (x_hat - x).abs().amax(dim=(0, 1))
     assert torch.all(err <= bound * 1.001 + 1e-7)
+
+
+def test_the_fixed_grid_has_a_zero_level_and_the_span_grid_has_none_by_hand():
+    # one channel with absmax 1.0; 2 bits. fixed: step 1/2, codes -2..1; span: levels -1, -1/3, 1/3, 1
+    x = torch.tensor([1.0, 0.6, 0.2, 0.0, -0.3, -1.0]).reshape(6, 1)
+    fixed, span = Quantize(2), Quantize(2, grid="span")
+    s = torch.ones(1)
+    assert fixed.codes(x, s).flatten().tolist() == [3, 3, 2, 2, 1, 0]
+    assert fixed.values(fixed.codes(x, s), s).flatten().tolist() == [0.5, 0.5, 0.0, 0.0, -0.5, -1.0]
+    assert span.codes(x, s).flatten().tolist() == [3, 2, 2, 2, 1, 0]
+    third = pytest.approx(1 / 3)
+    assert span.values(span.codes(x, s), s).flatten().tolist() == [1.0, third, third, third, pytest.approx(-1 / 3), -1.0]
+    for comp in (fixed, span):  # the decoded message is exactly these values, at the same payload size
+        payload = comp.compress(x.reshape(1, 6, 1))
+        assert (
+            payload.nbytes == 2 + 2 == comp.payload_nbytes((1, 6, 1), torch.float32)
+        )  # fp16 scale + 12 bits
+        assert comp.decompress(payload, (1, 6, 1), torch.float32).flatten().tolist() == pytest.approx(
+            comp.values(comp.codes(x, s), s).flatten().tolist()
+        )
+    assert (
+        build_compressor("quant(2)").grid == "fixed"
+        and build_compressor("quant(2,grid=span)").spec == "quant(2,grid=span)"
+    )
+
+
+def test_on_heavy_tailed_data_only_the_zero_level_grid_is_contractive_at_2_bits():
+    torch.manual_seed(0)
+    x = torch.distributions.StudentT(torch.tensor(2.0)).sample((8, 64, 32))
+    rel = {}
+    for grid in ("fixed", "span"):
+        comp = Quantize(2, grid=grid)
+        rel[grid] = float((comp.decompress(comp.compress(x), x.shape, x.dtype) - x).norm() / x.norm())
+    assert rel["fixed"] < 1.0 < rel["span"]
 
 
 def test_quant8_on_smooth_data_is_close_and_bytes_are_a_quarter_plus_scales():
@@ -102,13 +139,14 @@ def test_quant_scale_is_never_below_the_channel_absmax_even_for_tiny_gradients()
 
 
 def test_stochastic_quant_is_unbiased_on_average():
-    x = torch.full((1, 1, 4), 0.3)
-    x[..., 0] = 1.0  # sets the scale
-    comp = build_compressor("quant(2,stochastic)")
-    mean = torch.stack(
-        [comp.decompress(comp.compress(x, seed=s), x.shape, x.dtype, seed=s) for s in range(400)]
-    ).mean(0)
-    assert abs(float(mean[0, 0, 1]) - 0.3) < 0.05
+    x = torch.full((1, 4, 1), 0.3)  # one channel (the last dimension) of four values
+    x[0, 0, 0] = 1.0  # sets the channel's scale
+    for grid in ("fixed", "span"):
+        comp = build_compressor(f"quant(2,stochastic,grid={grid})")
+        mean = torch.stack(
+            [comp.decompress(comp.compress(x, seed=s), x.shape, x.dtype, seed=s) for s in range(400)]
+        ).mean(0)
+        assert abs(float(mean[0, 1, 0]) - 0.3) < 0.05, grid
 
 
 @pytest.mark.parametrize("bits", range(1, 9))

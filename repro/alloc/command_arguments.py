@@ -136,6 +136,28 @@ def build_parser() -> argparse.ArgumentParser:
     _levels_args(cov)
     _runs_args(cov)
 
+    fid = psub.add_parser(
+        "fidelity",
+        help="does the early profile predict the late one? (coverage and phase-off along one full run)",
+        description="Train the coverage-benefit profile runs and the all-high reference to the full length, "
+        "evaluating every --eval-every steps, and report at every evaluation the Spearman of the profile "
+        "there against the final one, its seed stability, and the phase-off profile of the reference there.",
+    )
+    fid.add_argument("--config", required=True, type=Path, help="the model config to profile")
+    fid.add_argument(
+        "--full-steps", type=int, required=True, help="steps of the full run (and of every run here)"
+    )
+    fid.add_argument(
+        "--seeds", type=int, nargs="+", default=[0, 1, 2, 3], help="profile seeds (default 0 1 2 3)"
+    )
+    fid.add_argument(
+        "--eval-every", type=int, required=True, help="evaluation (and checkpoint) interval in steps"
+    )
+    fid.add_argument("--last-n", type=int, default=2, help="a profile loss = mean of the last n evaluations")
+    fid.add_argument("--out", required=True, type=Path, help="output JSON")
+    _levels_args(fid)
+    _runs_args(fid)
+
     inter = psub.add_parser(
         "interactions",
         help="pairwise interaction terms among the top layers of a profile",
@@ -231,6 +253,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--calibration",
         type=Path,
         help="JSON list of {high_layers, realized_gain}: realized loss change of trained allocations",
+    )
+    an.add_argument(
+        "--fidelity",
+        action="store_true",
+        help="with --benefit: the profile read at every evaluation of its runs against its final value",
     )
     an.add_argument("--out", required=True, type=Path, help="output JSON")
     return parser

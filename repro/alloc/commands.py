@@ -31,6 +31,7 @@ from .analysis import (
 from .budget import default_levels, levels_for, num_high_layers
 from .command_arguments import build_parser
 from .coverage_profile import CoverageProfileSettings, coverage_benefit_profile, pair_benefits
+from .fidelity import coverage_fidelity, format_fidelity, phase_off_fidelity
 from .phase_off_profile import measure_phase_off_profile, train_reference
 from .profile import LayerProfile
 from .transfer import transfer_profile
@@ -70,7 +71,9 @@ def _runs_dir(args) -> Path:
 def _profile(args) -> None:
     config = load_model_config(args.config)
     shape = config.shape_config()
-    if args.profile_kind == "phase-off":
+    if args.profile_kind == "fidelity":
+        _fidelity(args, config, shape)
+    elif args.profile_kind == "phase-off":
         checkpoint = args.ckpt_path
         if args.ref_steps is not None:
             if args.ref_steps <= 0:
@@ -138,6 +141,52 @@ def _profile(args) -> None:
                 f"layers {t['layers']}: pair {t['pair_benefit']:+.4f}  additive {t['additive']:+.4f}  "
                 f"interaction {t['interaction']:+.4f}"
             )
+
+
+def _fidelity(args, config, shape) -> None:
+    """Coverage profile runs and the all-high reference trained to the full length; the profiles
+    read at every evaluation (phase-off: from the reference's checkpoints)."""
+    steps, every = args.full_steps, args.eval_every
+    if steps <= 0 or every <= 0 or steps % every:
+        raise ValueError(
+            f"--full-steps={steps}, --eval-every={every}: positive, and the steps a multiple of it"
+        )
+    levels = _levels(args, shape)
+    k = num_high_layers(shape.n_layer, levels)
+    settings = CoverageProfileSettings(
+        steps=steps, seeds=tuple(args.seeds), eval_every=every, last_n=args.last_n, schedule_steps=steps
+    )
+    runs_dir = _runs_dir(args)
+    profile = coverage_benefit_profile(
+        config, levels, settings, runs_dir, args.accelerator, workers=args.workers
+    )
+    ref = train_reference(
+        config, levels, steps, args.seeds[0], every, runs_dir, args.accelerator, checkpoint_every=every
+    )
+    checkpoints = [
+        (k_step, runs_dir / f"{Path(ref.checkpoint).stem}-step{k_step}.ckpt")
+        for k_step in range(every, steps, every)
+    ]
+    checkpoints.append((steps, Path(ref.checkpoint)))
+    phase_off = [(step, measure_phase_off_profile(config, path)) for step, path in checkpoints]
+    coverage = coverage_fidelity(profile, k)
+    by_phase_off = phase_off_fidelity(phase_off, coverage[-1]["values"])
+    write_json_atomic(
+        args.out,
+        {
+            "config": str(args.config),
+            "steps": steps,
+            "eval_every": every,
+            "seeds": list(args.seeds),
+            "last_n": args.last_n,
+            "k": k,
+            "levels": levels.to_dict(),
+            "coverage": coverage,
+            "phase_off": by_phase_off,
+            "profile": profile.to_dict(),
+        },
+    )
+    print(format_fidelity(coverage, by_phase_off))
 
 
 def _print_profile(profile) -> None:
@@ -289,6 +338,14 @@ def _analyze(args) -> None:
         transferred.check_matches(benefit.n_layer, "the coverage-benefit profile")
         k = args.top_k or num_high_layers(benefit.n_layer, default_levels(_shape_of(benefit)))
         out["transfer_fidelity"] = transfer_fidelity(transferred.values, benefit.values, k)
+    if args.fidelity:
+        if benefit is None:
+            raise ValueError(
+                "--fidelity needs --benefit (a coverage profile whose runs recorded their curves)"
+            )
+        k = args.top_k or num_high_layers(benefit.n_layer, default_levels(_shape_of(benefit)))
+        out["fidelity"] = coverage_fidelity(benefit, k)
+        print(format_fidelity(out["fidelity"]), file=sys.stderr)
     if args.calibration:
         if benefit is None:
             raise ValueError("--calibration needs --benefit (the profile whose sums predict the gains)")

@@ -177,6 +177,7 @@ def profile_from_results(
             "runs_dir": str(folder),
             "base_loss": base_losses,
             "run_losses": losses,
+            "run_curves": {name: [list(point) for point in r.val_curve] for name, r in results.items()},
             "tokens_per_run": settings.steps * config.batch_size * config.block_size,
             "training_wall_s": sum(r.wall_s for r in results.values()),
         },

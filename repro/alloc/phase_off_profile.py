@@ -85,7 +85,13 @@ def measure_phase_off_profile(
 
 
 def reference_spec(
-    config: ModelConfig, levels: BudgetLevels, steps: int, seed: int, eval_every: int, folder: Path
+    config: ModelConfig,
+    levels: BudgetLevels,
+    steps: int,
+    seed: int,
+    eval_every: int,
+    folder: Path,
+    checkpoint_every: int = 0,
 ) -> RunSpec:
     """The all-high reference of the phase-off profile, saved as a checkpoint."""
     shape = config.shape_config()
@@ -99,6 +105,7 @@ def reference_spec(
         eval_every,
         {f"model.gpt.{config.width_field}": widths},
         save_checkpoint=True,
+        checkpoint_every=checkpoint_every,
     )
 
 
@@ -111,7 +118,9 @@ def train_reference(
     folder: Path,
     accelerator: str = "cpu",
     cache_dir: str | None = None,
+    checkpoint_every: int = 0,
 ) -> RunResult:
-    """Train (or reuse) the all-high reference model of the phase-off profile."""
-    spec = reference_spec(config, levels, steps, seed, eval_every, folder)
+    """Train (or reuse) the all-high reference model of the phase-off profile (with ``checkpoint_every``,
+    also its checkpoints along the way)."""
+    spec = reference_spec(config, levels, steps, seed, eval_every, folder, checkpoint_every)
     return train_all([spec], accelerator, 1, cache_dir, Progress("phase-off", 1, steps))[spec.key]

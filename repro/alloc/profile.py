@@ -61,8 +61,11 @@ class LayerProfile:
                 "measure a profile on this model or transfer one with `repro transfer`"
             )
 
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
     def save(self, path: str | Path) -> None:
-        write_json_atomic(path, asdict(self))
+        write_json_atomic(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | Path) -> LayerProfile:

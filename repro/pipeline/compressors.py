@@ -8,8 +8,9 @@ ends (it picks ``randk``'s entries and ``quant``'s stochastic rounding); the rec
 message's shape and dtype before it arrives, so :meth:`Compressor.payload_nbytes` tells it how many
 bytes to receive.
 
-Spec strings: ``identity``, ``fp16``, ``bf16``, ``topk(0.05)``, ``randk(0.1)``, ``quant(4)``,
-``quant(4,stochastic)``.
+Spec strings: ``identity``, ``fp16``, ``bf16``, ``topk(0.05)``, ``randk(0.1)``, ``quant(4)`` (the
+zero-level fixed-point grid), ``quant(4,stochastic)``, ``quant(2,grid=span)`` (the grid without a
+zero level).
 """
 
 from __future__ import annotations
@@ -206,29 +207,46 @@ class RandK(_Sparsifier):
         return out.view(shape)
 
 
+QUANT_GRIDS = ("fixed", "span")  # the default grid first
+
+
 class Quantize(Compressor):
-    """``bits``-bit quantization with one absmax scale per hidden channel (the last dimension),
-    taken over batch and sequence and stored as ``scale_dtype`` (fp16 by default, rounded up so
-    that no value exceeds it). The ``2**bits`` levels span ``[-scale, scale]`` evenly, so the
-    error of deterministic rounding is at most ``scale / (2**bits - 1)``. Values are bit-packed."""
+    """``bits``-bit quantization with one absmax scale ``s`` per hidden channel (the last
+    dimension), taken over batch and sequence and stored as ``scale_dtype`` (fp16 by default,
+    rounded up so that no value exceeds it). Values are bit-packed. Two grids:
+
+    - ``fixed`` (the default): AC-SGD's fixed point. Step ``s / 2**(bits-1)``, codes clipped to
+      ``[-2**(bits-1), 2**(bits-1) - 1]``, so 0 is a level; deterministic rounding errs by at most
+      half a step inside the grid and one step at the clipped top.
+    - ``span``: ``2**bits`` levels spread evenly over ``[-s, s]`` (no zero level; error at most
+      ``s / (2**bits - 1)``). On heavy-tailed data most values sit near 0 and are sent as
+      ``+-s / (2**bits - 1)``, so its relative error can exceed 1: not contractive there.
+    """
 
     kind = "quant"
 
-    def __init__(self, bits: int, stochastic: bool = False, scale_dtype: str = "fp16") -> None:
+    def __init__(
+        self, bits: int, stochastic: bool = False, scale_dtype: str = "fp16", grid: str = "fixed"
+    ) -> None:
         if not isinstance(bits, int) or isinstance(bits, bool) or not 2 <= bits <= 8:
             raise ValueError(f"quant bits={bits!r}: allowed integers 2..8")
         if scale_dtype not in _SCALE_DTYPES:
             raise ValueError(f"quant scale_dtype={scale_dtype!r}: allowed {tuple(_SCALE_DTYPES)}")
+        if grid not in QUANT_GRIDS:
+            raise ValueError(f"quant grid={grid!r}: allowed {QUANT_GRIDS}")
         self.bits = bits
         self.stochastic = bool(stochastic)
         self.scale_dtype_name = scale_dtype
         self.scale_dtype = _SCALE_DTYPES[scale_dtype]
-        self.levels = 2**bits - 1
+        self.grid = grid
+        self.levels = 2**bits - 1  # span: the top code
+        self.half = 2 ** (bits - 1)  # fixed: codes -half .. half - 1, step s / half
 
     @property
     def spec(self) -> str:
         extra = ",stochastic" if self.stochastic else ""
         extra += f",scale={self.scale_dtype_name}" if self.scale_dtype_name != "fp16" else ""
+        extra += f",grid={self.grid}" if self.grid != "fixed" else ""
         return f"quant({self.bits}{extra})"
 
     @staticmethod
@@ -248,28 +266,37 @@ class Quantize(Compressor):
             scale = torch.where(too_small, bumped, scale)
         return scale
 
-    def compress(self, x, seed=0) -> Payload:
-        shape = x.shape
-        rows = x.reshape(-1, self._channels(shape)).float()
-        scale = self._scale(rows)
-        s = scale.float()
-        safe = torch.where(s > 0, s, torch.ones_like(s))
-        u = (rows / safe + 1.0) * (0.5 * self.levels)
+    def _round(self, u: torch.Tensor, seed: int) -> torch.Tensor:
         if self.stochastic:
             noise = torch.rand(u.shape, generator=_shared_generator(seed, u.device), device=u.device)
-            q = torch.floor(u + noise)
-        else:
-            q = torch.round(u)
-        q = q.clamp_(0, self.levels).to(torch.uint8)
+            return torch.floor(u + noise)
+        return torch.round(u)
+
+    def codes(self, rows: torch.Tensor, s: torch.Tensor, seed: int = 0) -> torch.Tensor:
+        """The unsigned codes (0 .. 2**bits - 1) of ``rows`` (n, channels) under scales ``s``."""
+        safe = torch.where(s > 0, s, torch.ones_like(s))
+        if self.grid == "span":
+            return self._round((rows / safe + 1.0) * (0.5 * self.levels), seed).clamp_(0, self.levels)
+        signed = self._round(rows / safe * self.half, seed).clamp_(-self.half, self.half - 1)
+        return signed + self.half
+
+    def values(self, codes: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        """The values the codes stand for (the inverse of ``codes`` up to rounding)."""
+        if self.grid == "span":
+            return (codes * (2.0 / self.levels) - 1.0) * s
+        return (codes - self.half) * (s / self.half)
+
+    def compress(self, x, seed=0) -> Payload:
+        rows = x.reshape(-1, self._channels(x.shape)).float()
+        scale = self._scale(rows)
+        q = self.codes(rows, scale.float(), seed).to(torch.uint8)
         return Payload(torch.cat([_as_bytes(scale), pack_bits(q.reshape(-1), self.bits)]))
 
     def decompress(self, payload, shape, dtype, seed=0) -> torch.Tensor:
         channels = self._channels(shape)
         scale, offset = _from_bytes(payload.data, 0, channels, self.scale_dtype)
-        n = _numel(shape)
-        q = unpack_bits(payload.data[offset:], self.bits, n).view(-1, channels).float()
-        rows = (q * (2.0 / self.levels) - 1.0) * scale.float()
-        return rows.view(shape).to(dtype)
+        q = unpack_bits(payload.data[offset:], self.bits, _numel(shape)).view(-1, channels).float()
+        return self.values(q, scale.float()).view(shape).to(dtype)
 
 
 _SCALE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -288,7 +315,8 @@ def build_compressor(spec: str | Compressor, field: str = "compressor") -> Compr
     if isinstance(spec, Compressor):
         return spec
     allowed = (
-        "identity, fp16, bf16, topk(ratio), randk(ratio), quant(bits[,stochastic][,scale=fp16|bf16|fp32])"
+        "identity, fp16, bf16, topk(ratio), randk(ratio), "
+        "quant(bits[,stochastic][,scale=fp16|bf16|fp32][,grid=fixed|span])"
     )
     match = _SPEC.match(str(spec))
     if not match or match.group(1) not in COMPRESSOR_KINDS:
@@ -308,7 +336,7 @@ def build_compressor(spec: str | Compressor, field: str = "compressor") -> Compr
         if not args:
             raise ValueError("quant needs the number of bits, e.g. quant(4)")
         bits = int(args[0])
-        stochastic, scale = False, "fp16"
+        stochastic, scale, grid = False, "fp16", "fixed"
         for extra in args[1:]:
             if extra == "stochastic":
                 stochastic = True
@@ -316,8 +344,10 @@ def build_compressor(spec: str | Compressor, field: str = "compressor") -> Compr
                 stochastic = False
             elif extra.startswith("scale="):
                 scale = extra.split("=", 1)[1]
+            elif extra.startswith("grid="):
+                grid = extra.split("=", 1)[1]
             else:
                 raise ValueError(f"unknown quant option {extra!r}")
-        return Quantize(bits, stochastic, scale)
+        return Quantize(bits, stochastic, scale, grid)
     except ValueError as exc:
         raise ValueError(f"{field}={spec!r}: {exc}; allowed: {allowed}") from None

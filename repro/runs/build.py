@@ -65,6 +65,11 @@ class RunRecorder(L.Callback):
         self.spec = spec
         self.curve: list[tuple[int, float]] = []
 
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        every, step = self.spec.checkpoint_every, trainer.global_step
+        if every and step % every == 0 and step < self.spec.steps:
+            trainer.save_checkpoint(Path(self.spec.folder) / f"{self.spec.name}-step{step}.ckpt")
+
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking:
             return

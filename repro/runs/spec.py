@@ -57,6 +57,9 @@ class RunSpec:
     pipeline: tuple[tuple[str, Any], ...] = ()  # ClappingStrategy options; empty = one process
     stages: int = 1  # processes of a pipeline run (one per stage); 1 = a single-process run
     save_checkpoint: bool = False  # also write <folder>/<name>.ckpt at the end
+    checkpoint_every: int = (
+        0  # also write <folder>/<name>-step<k>.ckpt every k steps before the end (0 = never)
+    )
     label: str = field(default="", compare=False)  # how progress lines name the run (default: the name)
 
     @staticmethod
@@ -71,6 +74,7 @@ class RunSpec:
         pipeline: Mapping[str, Any] | None = None,
         stages: int = 1,
         save_checkpoint: bool = False,
+        checkpoint_every: int = 0,
         label: str = "",
     ) -> RunSpec:
         """A spec from plain values (lists and dicts are frozen so the spec is hashable)."""
@@ -91,6 +95,7 @@ class RunSpec:
             tuple(sorted((k, _frozen(v)) for k, v in (pipeline or {}).items())),
             stages,
             save_checkpoint,
+            checkpoint_every,
             label,
         )
 

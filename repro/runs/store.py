@@ -72,6 +72,16 @@ def checkpoint_path(spec: RunSpec) -> Path:
     return Path(spec.folder) / f"{spec.name}.ckpt"
 
 
+def step_checkpoint_paths(spec: RunSpec) -> list[Path]:
+    """The checkpoints a run writes every ``checkpoint_every`` steps (before its last step)."""
+    every = spec.checkpoint_every
+    return (
+        [Path(spec.folder) / f"{spec.name}-step{k}.ckpt" for k in range(every, spec.steps, every)]
+        if every
+        else []
+    )
+
+
 def tensorboard_dir(spec: RunSpec) -> Path:
     return Path(spec.folder) / "tb" / spec.name
 
@@ -89,6 +99,8 @@ def load_finished(spec: RunSpec, fingerprint: str | None = None) -> RunResult | 
     if result.fingerprint != (fingerprint or spec.fingerprint()):
         return None
     if spec.save_checkpoint and not checkpoint_path(spec).is_file():
+        return None
+    if any(not p.is_file() for p in step_checkpoint_paths(spec)):
         return None
     return result
 

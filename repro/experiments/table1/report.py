@@ -7,26 +7,19 @@ step). Delta vs uniform is paired by seed: the mean and std over seeds of loss(r
 
 from __future__ import annotations
 
-import csv
-import io
-import json
-import math
 import statistics
-from pathlib import Path
 from typing import Any
 
 from repro.alloc.accounting import account_model
 from repro.alloc.analysis import calibration, predicted_gain, seed_stability, spearman, transfer_fidelity
 from repro.alloc.budget import num_high_layers
-from repro.files import write_text_atomic
 from repro.runs import RunResult
 from repro.runs.provenance import display_path, git_commit, machine, now
+from repro.stats import PairedComparison, paired_comparison, power_figures, with_holm
 
 from .plan import REFERENCE_POINTS, ROW_METHODS, widths_name
 from .results import ArchOutcome
 from .settings import Table1Settings
-
-ARCH_TITLE = {"mha": "fixed width (MHA)", "mla": "MLA"}
 
 
 def _mean_std(values: list[float]) -> tuple[float, float | None]:
@@ -37,33 +30,59 @@ def _accounting(o: ArchOutcome, widths: list[int]) -> dict[str, Any]:
     return account_model(o.plan.target.gpt_config(1, **{o.plan.target.width_field: list(widths)}))["total"]
 
 
-def arch_columns(o: ArchOutcome, method: str, seeds: tuple[int, ...]) -> dict[str, Any]:
+def seed_losses(o: ArchOutcome, method: str, seeds: tuple[int, ...]) -> list[float]:
+    """A row's loss for every seed (random-k: the mean over its draws of that seed)."""
+    allocs = [a for a in o.allocations if a.method == method]
+    return [statistics.fmean(o.run(a.widths, seed).final_val_loss for a in allocs) for seed in seeds]
+
+
+def comparisons(o: ArchOutcome, seeds: tuple[int, ...]) -> dict[str, PairedComparison]:
+    """Every row against ``uniform``, paired by seed, Holm-corrected across the rows."""
+    uniform = seed_losses(o, "uniform", seeds)
+    return with_holm(
+        {m: paired_comparison(seed_losses(o, m, seeds), uniform) for m in ROW_METHODS if m != "uniform"}
+    )
+
+
+def arch_columns(
+    o: ArchOutcome, method: str, seeds: tuple[int, ...], vs_uniform: PairedComparison | None
+) -> dict:
     """The columns of one architecture for one method (random-k: every draw)."""
     allocs = [a for a in o.allocations if a.method == method]
-    uniform = next(a for a in o.allocations if a.method == "uniform")
-    losses, deltas = [], []
-    for a in allocs:
-        for seed in seeds:
-            loss = o.run(a.widths, seed).final_val_loss
-            losses.append(loss)
-            deltas.append(loss - o.run(uniform.widths, seed).final_val_loss)
+    losses = [o.run(a.widths, seed).final_val_loss for a in allocs for seed in seeds]
     mean, std = _mean_std(losses)
-    dmean, dstd = _mean_std(deltas)
     cost = _accounting(o, allocs[0].widths)
     p = o.plan.arch
+    c = vs_uniform
     return {
         f"{p}_high_layers": "; ".join(",".join(map(str, a.high_layers)) or "-" for a in allocs),
         f"{p}_widths": "; ".join(" ".join(map(str, a.widths)) for a in allocs),
         f"{p}_mean_level": allocs[0].mean_level,
         f"{p}_loss_mean": mean,
         f"{p}_loss_std": std,
-        f"{p}_delta_vs_uniform": dmean,
-        f"{p}_delta_std": dstd,
+        f"{p}_delta_vs_uniform": c.mean if c else 0.0,
+        f"{p}_delta_std": c.std if c else None,
+        f"{p}_delta_ci_low": c.ci_low if c else None,
+        f"{p}_delta_ci_high": c.ci_high if c else None,
+        f"{p}_p": c.p if c else None,
+        f"{p}_p_holm": c.p_holm if c else None,
+        f"{p}_p_wilcoxon": c.p_wilcoxon if c else None,
+        f"{p}_p_sign": c.p_sign if c else None,
+        f"{p}_resolved": c.resolved if c else None,
         f"{p}_runs": len(losses),
         f"{p}_kv_elements_per_token": cost["kv_cache_elements"],
         f"{p}_rope_flops_per_token": cost["rope_flops"],
         f"{p}_attention_flops_per_token": cost["attention_flops"],
     }
+
+
+def power(o: ArchOutcome, seeds: tuple[int, ...], target: float) -> dict[str, Any]:
+    """What the seeds of this half can resolve (paired against uniform, budget-matched rows)."""
+    uniform = seed_losses(o, "uniform", seeds)
+    matched = [m for m in ROW_METHODS if m not in REFERENCE_POINTS and m != "uniform"]
+    diffs = [[a - b for a, b in zip(seed_losses(o, m, seeds), uniform)] for m in matched]
+    groups = [seed_losses(o, m, seeds) for m in ROW_METHODS]
+    return power_figures(diffs, groups, len(seeds), target)
 
 
 def calibration_points(o: ArchOutcome, seeds: tuple[int, ...]) -> list[dict[str, Any]]:
@@ -182,6 +201,7 @@ def build_table(
 ) -> dict[str, Any]:
     """The table document (``all_runs``: every run of this call, trained or reused)."""
     seeds = tuple(settings.seeds)
+    vs_uniform = {o.plan.arch: comparisons(o, seeds) for o in outcomes}
     rows = []
     for method in ROW_METHODS:
         row: dict[str, Any] = {
@@ -189,7 +209,7 @@ def build_table(
             "budget_matched": method not in REFERENCE_POINTS,
         }
         for o in outcomes:
-            row.update(arch_columns(o, method, seeds))
+            row.update(arch_columns(o, method, seeds, vs_uniform[o.plan.arch].get(method)))
         rows.append(row)
     archs: dict[str, Any] = {}
     for o in outcomes:
@@ -226,6 +246,7 @@ def build_table(
             "context": plan.target.block_size,
             "bytes_per_elem": 2,
             "runs": {name: _run_record(o, name, r) for name, r in sorted(o.runs.items())},
+            "statistics": power(o, seeds, settings.target_difference),
         }
     return {
         "scale": settings.scale,
@@ -250,119 +271,3 @@ def build_table(
         "architectures": archs,
         "rows": rows,
     }
-
-
-# ------------------------------------------------------------------------------------------- files
-def _fmt(value: float | None, digits: int = 4, signed: bool = False) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
-
-
-def _pm(mean: float, std: float | None, signed: bool = False) -> str:
-    return _fmt(mean, signed=signed) + (f" ± {std:.4f}" if std is not None else "")
-
-
-def to_markdown(doc: dict[str, Any]) -> str:
-    archs = list(doc["architectures"])
-    a0 = doc["architectures"][archs[0]]
-    lines = [
-        "# Table 1: validation loss of budget-matched RoPE allocations trained from scratch",
-        "",
-        f"Scale `{doc['scale']}`, commit `{doc['git_commit']}`, created {doc['created']}, "
-        f"wall time of this call {doc['wall_s'] / 60:.1f} min ({doc['runs_trained']} runs trained, "
-        f"{doc['runs_reused']} reused); the {doc['runs_total']} runs took {doc['training_s_summed'] / 60:.1f} min "
-        f"of training summed over runs ({doc['settings']['workers']} side by side).",
-        f"Every row trained for seeds {doc['seeds']} ({a0['steps']} steps, {a0['tokens_per_run']:,} tokens per run); "
-        "loss = final validation loss (mean ± std over seeds); "
-        "Δ = paired difference to `uniform` (mean ± std over seeds).",
-    ]
-    for arch in archs:
-        a = doc["architectures"][arch]
-        lv = a["levels"]
-        lines.append(
-            f"{ARCH_TITLE[arch]}: target `{a['target_config']}` ({a['target_layers']} layers), source "
-            f"`{a['source_config']}` ({a['source_layers']} layers); high={lv['high']:g}, low={lv['low']:g}, "
-            f"B={lv['budget']:g} ({lv['unit']}), k={a['k']} high layers; profiles of {a['profile_steps']} steps."
-        )
-    lines.append("")
-    head = ["method"]
-    for arch in archs:
-        t = "MHA" if arch == "mha" else "MLA"
-        head += [f"{t} high layers", f"{t} val loss", "Δ vs uniform"]
-    if "mla" in archs:
-        head += ["MLA KV elems/token"]
-    head += ["RoPE FLOPs/token (" + " / ".join(a.upper() for a in archs) + ")"]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for row in doc["rows"]:
-        cells = [row["method"] + ("" if row["budget_matched"] else " †")]
-        for arch in archs:
-            cells += [
-                row[f"{arch}_high_layers"],
-                _pm(row[f"{arch}_loss_mean"], row[f"{arch}_loss_std"]),
-                "-"
-                if row["method"] == "uniform"
-                else _pm(row[f"{arch}_delta_vs_uniform"], row[f"{arch}_delta_std"], True),
-            ]
-        if "mla" in archs:
-            cells.append(f"{row['mla_kv_elements_per_token']:,}")
-        cells.append(" / ".join(f"{row[f'{arch}_rope_flops_per_token']:,}" for arch in archs))
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        "† reference point, not budget-matched (different total rotary width).",
-        "",
-        "## Analysis",
-        "",
-    ]
-    for arch in archs:
-        an = doc["architectures"][arch]["analysis"]
-        tf = an["transfer_fidelity"]
-        parts = [
-            f"phase-off vs coverage-benefit Spearman {_fmt(an['phase_off_vs_benefit_spearman'], 2)}",
-            f"transfer fidelity: Spearman {_fmt(tf['spearman'], 2)}, "
-            f"top-{tf['top_k']} Jaccard {_fmt(tf['jaccard'], 2)} "
-            f"(transferred {tf['top_k_transferred']} vs direct {tf['top_k_direct']})",
-        ]
-        if an.get("profile_seed_stability"):
-            parts.append(
-                f"profile seed stability (Spearman) {_fmt(an['profile_seed_stability']['mean_spearman'], 2)}"
-            )
-        if an.get("calibration"):
-            c = an["calibration"]
-            parts.append(
-                f"calibration over {c['n']} allocations: slope {_fmt(c['slope'], 2)}, "
-                f"Spearman {_fmt(c['spearman'], 2)}"
-            )
-        if an["interactions"]:
-            parts.append(
-                "interactions: "
-                + ", ".join(f"{t['layers']} {t['interaction']:+.4f}" for t in an["interactions"])
-            )
-        lines.append(f"- {ARCH_TITLE[arch]}: " + "; ".join(parts) + ".")
-    return "\n".join(lines) + "\n"
-
-
-def to_csv(doc: dict[str, Any]) -> str:
-    rows = [{"scale": doc["scale"], "git_commit": doc["git_commit"], **r} for r in doc["rows"]]
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
-    writer.writeheader()
-    for r in rows:
-        writer.writerow(
-            {k: ("" if v is None else repr(v) if isinstance(v, float) else v) for k, v in r.items()}
-        )
-    return buf.getvalue()
-
-
-def write_table(doc: dict[str, Any], out: Path) -> None:
-    """table1.json, .csv, .md, each atomically (the json last: it marks a finished table)."""
-    write_text_atomic(out / "table1.md", to_markdown(doc))
-    write_text_atomic(out / "table1.csv", to_csv(doc))
-    write_text_atomic(out / "table1.json", json.dumps(doc, indent=2, default=_json_default) + "\n")
-
-
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, tuple):
-        return list(obj)
-    raise TypeError(f"not JSON serializable: {type(obj).__name__}")

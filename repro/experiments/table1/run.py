@@ -47,9 +47,10 @@ from .plan import (
     sweep_allocations,
     widths_name,
 )
-from .report import build_table, write_table
+from .report import build_table
 from .results import ArchOutcome
 from .settings import SCALES, Table1Settings, load_table1_settings, settings_path
+from .table_files import write_table
 
 
 def run_table1(

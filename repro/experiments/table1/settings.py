@@ -43,6 +43,9 @@ class Table1Settings:
     accelerator: Literal["cpu", "gpu"] = "cpu"  # where every run trains
     workers: int = 2  # runs trained side by side (CPU: each gets cores/workers threads)
     architectures: tuple[str, ...] = ARCHITECTURES  # which halves of the table to run
+    target_difference: float = (
+        0.01  # the difference (nats) the power figures ask about: seeds needed to detect it
+    )
     path: str = field(default="", compare=False)  # the YAML these settings came from
 
     def __post_init__(self) -> None:
