@@ -1,11 +1,22 @@
-"""Clapping: final validation loss against the lazy-sampling probability p (mean +- std over
-seeds), Clapping-FC and Clapping-FU per compressor; the none row as a reference line."""
+"""Clapping: final validation loss against the lazy-sampling probability p (mean over seeds with a
+95 % confidence interval), Clapping-FC and Clapping-FU per compressor, in the fine-tune regime (the
+first regime of the results); the none row as a reference band."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from repro.stats import mean_interval
+
 from _common import COLUMN_WIDTH_IN, METHOD_COLORS, load_clapping, plt, save, style
+
+
+def _finals(doc: dict, regime: str, method: str, compressor: str, p: float) -> list[float]:
+    return [
+        r["final_val_loss"]
+        for r in doc["runs"]
+        if (r["regime"], r["method"], r["compressor"], r["p"]) == (regime, method, compressor, p)
+    ]
 
 
 def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> list[Path]:
@@ -13,32 +24,38 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
     if doc is None:
         return []
     style()
-    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH_IN, 2.4))
+    regime = doc["settings"]["regimes"][0]
+    grid = doc["settings"][regime]
+    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH_IN, 2.6))
     markers = ["o", "s", "^", "D"]
-    for i, comp in enumerate(doc["settings"]["compressors"]):
-        for method, ls in (("clapping_fc", "-"), ("clapping_fu", "--")):
-            rows = sorted(
-                (r for r in doc["rows"] if r["method"] == method and r["compressor"] == comp),
-                key=lambda r: r["p"],
+    for i, comp in enumerate(grid["compressors"]):
+        for method, ls, shift in (("clapping_fc", "-", -0.006), ("clapping_fu", "--", 0.006)):
+            ps = sorted(grid["clapping_p"])
+            stats = [mean_interval(_finals(doc, regime, method, comp, p)) for p in ps]
+            if not all(_finals(doc, regime, method, comp, p) for p in ps):
+                continue
+            means = [m for m, _, _ in stats]
+            err = [[m - lo for m, lo, _ in stats], [hi - m for m, _, hi in stats]]
+            ax.errorbar(
+                [p + shift for p in ps],
+                means,
+                yerr=err,
+                color=METHOD_COLORS[method],
+                linestyle=ls,
+                marker=markers[i % 4],
+                markersize=3,
+                capsize=2,
+                label=f"{method} {comp}",
             )
-            if rows:
-                ax.errorbar(
-                    [r["p"] for r in rows],
-                    [r["val_loss"] for r in rows],
-                    yerr=[r["val_loss_std"] for r in rows],
-                    color=METHOD_COLORS[method],
-                    linestyle=ls,
-                    marker=markers[i % 4],
-                    markersize=3,
-                    capsize=2,
-                    label=f"{method} {comp}",
-                )
-    for r in doc["rows"]:
-        if r["method"] == "none":
-            ax.axhline(r["val_loss"], color="black", linewidth=0.8, linestyle=":", label="none (exact)")
+    none = _finals(doc, regime, "none", "identity", 1.0)
+    if none:
+        mean, low, high = mean_interval(none)
+        ax.axhline(mean, color="black", linewidth=0.8, linestyle=":", label="none (exact)")
+        ax.axhspan(low, high, color="black", alpha=0.08, linewidth=0)
     ax.set_xlabel("p (probability of a fresh batch)")
-    ax.set_ylabel("final validation loss")
-    ax.legend(frameon=False, fontsize=5.5)
+    ax.set_ylabel("final validation loss (nats/token)")
+    ax.set_title(f"{regime} regime, mean and 95% CI over seeds {doc['seeds']}", fontsize=7)
+    fig.legend(loc="outside lower center", ncol=2, frameon=False, fontsize=5.5)
     return save(fig, out, "clapping_p")
 
 

@@ -178,3 +178,13 @@ def power_figures(
         "target_difference": target,
         "seeds_for_target": seeds_needed(diff_std, target, alpha, power) if diff_std is not None else None,
     }
+
+
+def mean_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float, float]:
+    """(mean, low, high): the Student-t confidence interval of a mean (low = high = mean for one value)."""
+    n = len(values)
+    mean = statistics.fmean(values)
+    if n < 2:
+        return mean, mean, mean
+    half = sp.t.ppf(0.5 + confidence / 2, n - 1) * statistics.stdev(values) / math.sqrt(n)
+    return mean, mean - half, mean + half

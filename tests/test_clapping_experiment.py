@@ -1,18 +1,24 @@
-"""`make reproduce-clapping` at smoke scale end to end: every row, the byte counts each method
-must send (exactly, from the compressors' payload sizes), the memory claim, resume, figures."""
+"""`make reproduce-clapping` at smoke scale end to end: both regimes, every row, the byte counts each
+method must send (exactly, from the compressors' payload sizes), the base model trained once and
+the fine-tune rows starting from its weights, the statistics columns, the memory claim, resume,
+figures."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import pytest
-
-from repro.experiments.clapping.plan import plan_rows
-from repro.experiments.clapping.run import run_clapping
-from repro.experiments.clapping.settings import load_clapping_settings
-from repro.pipeline.compressors import build_compressor
+import torch
 
 from conftest import EXPERIMENTS, MODELS, REPO_ROOT
+from repro.experiments.clapping.plan import base_spec, plan_rows
+from repro.experiments.clapping.run import run_clapping
+from repro.experiments.clapping.settings import load_clapping_settings, split_compressor
+from repro.lit import GPTLightningModule
+from repro.models import GPTConfig
+from repro.pipeline.compressors import build_compressor
+from repro.runs.store import checkpoint_path
 
 SMOKE = EXPERIMENTS / "clapping" / "smoke.yaml"
 pytestmark = pytest.mark.slow
@@ -22,58 +28,72 @@ pytestmark = pytest.mark.slow
 def smoke(tmp_path_factory, data_cache):
     out = tmp_path_factory.mktemp("clapping") / "clapping"
     settings = load_clapping_settings(SMOKE)
-    report = run_clapping(settings, out, quiet=True, cache_dir=str(data_cache))
+    report = run_clapping(settings, out, cache_dir=str(data_cache), quiet=True)
     return settings, report, out
 
 
-def _row(report, method, compressor, p):
-    return next(
-        r for r in report["rows"] if (r["method"], r["compressor"], r["p"]) == (method, compressor, p)
-    )
+def _row(report, regime, method, compressor, p):
+    return next(r for r in report["rows"] if (r["regime"], r["method"], r["compressor"], r["p"]) == (regime, method, compressor, p))
 
 
-def test_every_planned_row_is_in_the_table(smoke):
+def test_every_planned_row_of_both_regimes_is_in_the_table(smoke):
     settings, report, out = smoke
-    planned = {(r.method, r.compressor, r.p) for r in plan_rows(settings)}
-    assert {(r["method"], r["compressor"], r["p"]) for r in report["rows"]} == planned
-    assert {"none", "none_lazy", "direct", "ef21", "aqsgd", "clapping_fc", "clapping_fu"} == {
-        m for m, _, _ in planned
-    }
+    planned = {(r.regime, r.method, r.compressor, r.p) for r in plan_rows(settings)}
+    assert {(r["regime"], r["method"], r["compressor"], r["p"]) for r in report["rows"]} == planned
+    assert {regime for regime, *_ in planned} == {"finetune", "from_scratch"}
     for name in ("clapping_table.md", "clapping_table.csv", "clapping_table.json"):
         assert (out / name).is_file()
-    md_rows = [line for line in (out / "clapping_table.md").read_text().splitlines() if line.startswith("| ")]
-    assert len(md_rows) == len(planned) + 1
-    assert all(r["val_loss"] == r["val_loss"] and 0 < r["val_loss"] < 10 for r in report["rows"])  # finite
+    md_rows = [line for line in (out / "clapping_table.md").read_text().splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(md_rows) == len(planned) + 2 + 4  # two table headers; the quantizer-error table (header + 4 rows)
+    assert all(0 < r["val_loss"] < 10 for r in report["rows"])
+    # the statistics columns: Δ vs none of the same regime (one seed: no interval, no test)
+    for r in report["rows"]:
+        assert {"delta_vs_none", "delta_ci_low", "delta_ci_high", "p_value", "p_holm", "resolved"} <= set(r)
+        none = _row(report, r["regime"], "none", "identity", 1.0)
+        assert r["delta_vs_none"] == pytest.approx(r["val_loss"] - none["val_loss"])
+    assert report["claims"] and {"claim", "verdict", "detail"} <= set(report["claims"][0])
 
 
 def test_bytes_sent_are_the_compressors_payloads(smoke):
     settings, report, _ = smoke
     shape = (4, 64, 64)  # micro-batch (16 / 4) x block x d_model
     raw = 4 * 64 * 64 * 4
-    steps = settings.steps
-    assert _row(report, "none", "identity", 1.0)["compression_ratio"] == 1.0
-    assert _row(report, "none_lazy", "identity", settings.lazy_p)["compression_ratio"] == 1.0
-    for comp in settings.compressors:
-        c = build_compressor(comp).payload_nbytes(shape, __import__("torch").float32) / raw
-        for method in ("direct", "ef21"):  # every message compressed
-            assert _row(report, method, comp, 1.0)["compression_ratio"] == pytest.approx(c, rel=1e-12)
-        for p in settings.clapping_p:
-            assert _row(report, "clapping_fc", comp, p)["compression_ratio"] == pytest.approx(c, rel=1e-12)
-            fu_runs = [
-                r
-                for r in report["runs"]
-                if (r["method"], r["compressor"], r["p"]) == ("clapping_fu", comp, p)
-            ]
-            for run in fu_runs:  # exact messages on fresh steps, compressed ones on reuse steps
-                fresh = run["fresh_batches"]
-                assert run["bytes_total"] / run["raw_bytes_total"] == pytest.approx(
-                    (fresh + (steps - fresh) * c) / steps
-                )
-                assert c < run["bytes_total"] / run["raw_bytes_total"] < 1
-        # AQ-SGD: forward exact during the warm-up epoch (N / batch steps), then compressed; backward direct
-        warm = settings.warmup_epochs * (64 // 16)
-        expected = ((warm + (steps - warm) * c) + steps * c) / (2 * steps)
-        assert _row(report, "aqsgd", comp, 1.0)["compression_ratio"] == pytest.approx(expected, rel=1e-12)
+    grid = settings.finetune
+    steps = grid.steps
+    assert _row(report, "finetune", "none", "identity", 1.0)["compression_ratio"] == 1.0
+    for entry in grid.compressors:
+        fwd, bwd = (build_compressor(c).payload_nbytes(shape, torch.float32) / raw for c in split_compressor(entry))
+        for method in ("direct", "ef21"):  # every message compressed, each direction with its own compressor
+            assert _row(report, "finetune", method, entry, 1.0)["compression_ratio"] == pytest.approx((fwd + bwd) / 2)
+        for p in grid.clapping_p:
+            assert _row(report, "finetune", "clapping_fc", entry, p)["compression_ratio"] == pytest.approx((fwd + bwd) / 2)
+            for run in (r for r in report["runs"] if (r["method"], r["compressor"], r["p"]) == ("clapping_fu", entry, p)):
+                fresh = run["fresh_batches"]  # exact messages on fresh steps, compressed ones on reuse steps
+                expected = (fresh * 2 + (steps - fresh) * (fwd + bwd)) / (2 * steps)
+                assert run["bytes_total"] / run["raw_bytes_total"] == pytest.approx(expected)
+        # AQ-SGD: forward exact during the warm-up epoch (N / batch steps), then compressed deltas; backward direct
+        warm = settings.warmup_epochs * (settings.finetune_blocks // 16)
+        expected = ((warm + (steps - warm) * fwd) + steps * bwd) / (2 * steps)
+        assert _row(report, "finetune", "aqsgd", entry, 1.0)["compression_ratio"] == pytest.approx(expected)
+
+
+def test_the_base_is_trained_once_and_the_fine_tune_rows_start_from_its_weights(smoke, tmp_path):
+    settings, report, out = smoke
+    base = base_spec(settings, out)
+    assert report["base"]["checkpoint"] == str(checkpoint_path(base)) and checkpoint_path(base).is_file()
+    ckpt = torch.load(checkpoint_path(base), weights_only=False)
+    gpt = GPTConfig(**ckpt["hyper_parameters"]["gpt"])
+    module = GPTLightningModule(gpt, init_checkpoint=str(checkpoint_path(base)))
+    before = {k: v.clone() for k, v in module.model.state_dict().items()}
+    module.setup("fit")  # what every fine-tune row does before its first step
+    loaded = module.model.state_dict()
+    assert all(torch.equal(loaded[k], ckpt["state_dict"][f"model.{k}"]) for k in loaded)
+    assert any(not torch.equal(before[k], loaded[k]) for k in loaded)  # a fresh init is not the base
+    # the rows name the base checkpoint; the from-scratch rows do not
+    for run in report["runs"]:
+        spec_file = out / "runs" / f"{run['name']}.json"
+        overrides = __import__("json").loads(spec_file.read_text())["overrides"]
+        assert (overrides.get("model.init_checkpoint") == str(checkpoint_path(base))) == (run["regime"] == "finetune")
 
 
 def test_aqsgd_memory_grows_with_n_and_clappings_does_not(smoke):
@@ -83,17 +103,26 @@ def test_aqsgd_memory_grows_with_n_and_clappings_does_not(smoke):
     assert len(aq) >= 4 and all(p["measured_bytes"] == p["analytical_bytes"] for p in aq + cl)
     assert all(b["measured_bytes"] > a["measured_bytes"] for a, b in zip(aq, aq[1:]))
     assert len({p["measured_bytes"] for p in cl}) == 1
-    # in the runs themselves: AQ-SGD's middle ranks hold its rows, Clapping's only the slot buffers
-    aq_run = _row(report, "aqsgd", "quant(4)", 1.0)["buffer_bytes_max_rank"]
-    fc_run = _row(report, "clapping_fc", "quant(4)", 0.5)["buffer_bytes_max_rank"]
+    aq_run = _row(report, "finetune", "aqsgd", "quant(4)/quant(8)", 1.0)["buffer_bytes_max_rank"]
+    fc_run = _row(report, "finetune", "clapping_fc", "quant(4)/quant(8)", 0.5)["buffer_bytes_max_rank"]
     assert aq_run == 2 * 64 * 64 * 64 * 4 and fc_run == 4 * 4 * (4 * 64 * 64 * 4)
+
+
+def test_the_quantizer_error_table_covers_both_grids_and_directions(smoke):
+    settings, report, _ = smoke
+    errors = report["quantizer_errors"]
+    assert {(e["direction"], e["grid"], e["bits"]) for e in errors} == {
+        (d, g, b) for d in ("fwd", "bwd") for g in ("fixed", "span") for b in settings.quant_error_bits}
+    by = {(e["direction"], e["grid"], e["bits"]): e["relative_error"] for e in errors}
+    for direction in ("fwd", "bwd"):  # more bits, less error
+        assert by[(direction, "fixed", 2)] > by[(direction, "fixed", 4)] > by[(direction, "fixed", 8)]
 
 
 def test_a_second_call_trains_nothing_and_writes_the_same_table(smoke, data_cache):
     settings, report, out = smoke
     before = (out / "clapping_table.md").read_text()
     mtimes = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*.json")}
-    again = run_clapping(settings, out, quiet=True, cache_dir=str(data_cache))
+    again = run_clapping(settings, out, cache_dir=str(data_cache), quiet=True)
     assert again["trained_runs"] == 0 and again["total_runs"] == report["total_runs"]
     assert (out / "clapping_table.md").read_text().split("commit")[0] == before.split("commit")[0]
     assert {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*.json")} == mtimes
@@ -102,8 +131,6 @@ def test_a_second_call_trains_nothing_and_writes_the_same_table(smoke, data_cach
 def test_each_clapping_figure_is_drawn_from_the_smoke_results(smoke, tmp_path):
     _, _, out = smoke
     sys.path.insert(0, str(REPO_ROOT / "figures"))
-    import importlib
-
     for name in ("clapping_curves", "clapping_memory", "clapping_p", "clapping_time"):
         files = importlib.import_module(name).main(out.parent, tmp_path / "figs")
         assert [f.suffix for f in files] == [".png", ".pdf"] and all(f.stat().st_size > 1000 for f in files)
@@ -112,12 +139,10 @@ def test_each_clapping_figure_is_drawn_from_the_smoke_results(smoke, tmp_path):
 @pytest.mark.parametrize(
     "override, fragment",
     [
-        ("methods: [none, zip]", "methods="),
-        ("clapping_p: [0.0]", "p=0.0"),
-        ("compressors: [identity]", "does not compress"),
-        ("compressors: ['quant(9)']", "2..8"),
+        ("regimes: [both]", "regimes="),
+        ("lazy_p: 0.0", "p=0.0"),
         ("stages: 1", "at least 2 stages"),
-        ("steps: 0", "steps=0"),
+        ("base_steps: 0", "base_steps=0"),
         ("colour: red", "unknown fields"),
     ],
 )
@@ -127,14 +152,29 @@ def test_bad_clapping_settings_fail_with_the_field(override, fragment, tmp_path)
     lines = [line for line in text.splitlines() if not line.startswith(f"{key}:")]
     path = tmp_path / "bad.yaml"
     path.write_text("\n".join(lines + [override]) + "\n")
-    with pytest.raises(
-        ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")
-    ):
+    with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+        load_clapping_settings(path)
+
+
+@pytest.mark.parametrize("grid_line, fragment", [
+    ("  methods: [none, zip]", "methods="), ("  compressors: [identity]", "does not compress"),
+    ("  compressors: ['quant(9)/quant(8)']", "2..8"), ("  clapping_p: [1.5]", "p=1.5"), ("  steps: 0", "steps=0"),
+])
+def test_bad_grid_settings_fail_with_the_field(grid_line, fragment, tmp_path):
+    text = SMOKE.read_text().replace("../../models/", f"{MODELS}/")
+    key = grid_line.split(":")[0]
+    lines = text.splitlines()
+    start = lines.index("finetune:  # pretrain once, then fine-tune on the held-back plays")
+    end = next(i for i in range(start + 1, len(lines)) if not lines[i].startswith("  "))
+    block = [ln for ln in lines[start + 1:end] if not ln.startswith(key + ":")] + [grid_line]
+    path = tmp_path / "bad.yaml"
+    path.write_text("\n".join(lines[: start + 1] + block + lines[end:]) + "\n")
+    with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
         load_clapping_settings(path)
 
 
 def test_the_table_records_what_reruns_each_row(smoke):
-    """Commit, settings, model config and seeds, and per run its method, compressor, p and seed."""
+    """Commit, settings, model config and seeds, and per run its regime, method, compressor, p and seed."""
     settings, report, out = smoke
     assert report["git_commit"] and report["settings"] and report["model_config"] and report["seeds"] == [0]
-    assert all({"method", "compressor", "p", "seed", "fingerprint"} <= set(run) for run in report["runs"])
+    assert all({"regime", "method", "compressor", "p", "seed", "fingerprint"} <= set(run) for run in report["runs"])

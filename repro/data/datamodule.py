@@ -60,6 +60,10 @@ class TextDataModule(L.LightningDataModule):
         test_fraction: Fraction of the held-out documents that form the test split (the rest
             validate); 0 = no test split (``repro test`` then evaluates the validation split).
         test_documents: Names of the held-out documents that form the test split instead.
+        finetune_documents: Training documents held back from pretraining: the fine-tuning text
+            (the tokenizer never learns from them).
+        train_subset: The training documents: 'all', 'pretrain' (all but finetune_documents) or
+            'finetune' (finetune_documents only).
         split_seed: Seed of the document-level split.
         tokenizer: 'bpe' (byte-level BPE trained locally) or 'char'.
         vocab_size: BPE vocabulary size (ignored by 'char'); the trained size may be smaller.
@@ -85,6 +89,8 @@ class TextDataModule(L.LightningDataModule):
         val_documents: list[str] | None = None,
         test_fraction: float = 0.5,
         test_documents: list[str] | None = None,
+        finetune_documents: list[str] | None = None,
+        train_subset: Literal["all", "pretrain", "finetune"] = "all",
         split_seed: int = 0,
         tokenizer: Literal["bpe", "char"] = "bpe",
         vocab_size: int = 2048,
@@ -100,6 +106,8 @@ class TextDataModule(L.LightningDataModule):
         super().__init__()
         if corpus not in CORPUS_KINDS:
             raise ValueError(f"data.corpus={corpus!r}: allowed values are {CORPUS_KINDS}")
+        if train_subset not in ("all", "pretrain", "finetune"):
+            raise ValueError(f"data.train_subset={train_subset!r}: allowed 'all', 'pretrain', 'finetune'")
         if tokenizer not in TOKENIZER_KINDS:
             raise ValueError(f"data.tokenizer={tokenizer!r}: allowed values are {TOKENIZER_KINDS}")
         for name, value in (("block_size", block_size), ("batch_size", batch_size)):
@@ -131,6 +139,8 @@ class TextDataModule(L.LightningDataModule):
         self.val_documents = val_documents
         self.test_fraction = test_fraction
         self.test_documents = test_documents
+        self.finetune_documents = finetune_documents
+        self.train_subset = train_subset
         self.split_seed = split_seed
         self.tokenizer_kind = tokenizer
         self.requested_vocab_size = vocab_size
@@ -143,6 +153,7 @@ class TextDataModule(L.LightningDataModule):
         self.num_workers = num_workers
         self.cache_dir = Path(cache_dir)
         self._split: DocumentSplit | None = None
+        self._tokenizer_documents: list = []  # what the tokenizer learns from (set with the split)
         self._tokenizer: TextTokenizer | None = None
         self._tokenizer_path: Path | None = None
         self._streams: dict[str, np.ndarray] = {}
@@ -160,9 +171,9 @@ class TextDataModule(L.LightningDataModule):
                 strip_markdown=self.strip_markdown,
             )
             if isinstance(loaded, DocumentSplit):
-                self._split = loaded
+                split = loaded
             else:
-                self._split = split_documents(
+                split = split_documents(
                     loaded,
                     self.val_fraction,
                     self.split_seed,
@@ -170,17 +181,39 @@ class TextDataModule(L.LightningDataModule):
                     self.test_fraction,
                     self.test_documents,
                 )
+            self._split, self._tokenizer_documents = self._training_subset(split)
         return self._split
+
+    def _training_subset(self, split: DocumentSplit) -> tuple[DocumentSplit, list]:
+        """The split with the training documents of ``train_subset``, and the documents the
+        tokenizer learns from (never the fine-tuning text, so a base model and its fine-tuned
+        versions share one vocabulary)."""
+        if not self.finetune_documents:
+            if self.train_subset != "all":
+                raise ValueError(f"data.train_subset={self.train_subset!r} needs data.finetune_documents")
+            return split, split.train
+        names = set(self.finetune_documents)
+        pool = [d.name for d in split.train]
+        missing = sorted(names - set(pool))
+        if missing:
+            raise ValueError(
+                f"data.finetune_documents: {missing} are not training documents (held out or absent); "
+                f"the training documents are {pool}"
+            )
+        pretrain = [d for d in split.train if d.name not in names]
+        finetune = [d for d in split.train if d.name in names]
+        train = {"all": split.train, "pretrain": pretrain, "finetune": finetune}[self.train_subset]
+        return DocumentSplit(train, split.validation, split.test), pretrain
 
     @property
     def tokenizer(self) -> TextTokenizer:
         if self._tokenizer is None:
-            split = self.split
+            docs = self._tokenizer_documents if self.split is not None else []
             self._tokenizer, self._tokenizer_path = load_or_train_tokenizer(
                 self.tokenizer_kind,
                 self.requested_vocab_size,
-                [d.text for d in split.train],
-                split.fingerprint(("train",)),  # trained on the training documents alone
+                [d.text for d in docs],
+                DocumentSplit(docs, []).fingerprint(("train",)),  # trained on (pre)training documents alone
                 self.cache_dir,
             )
         return self._tokenizer
@@ -196,7 +229,7 @@ class TextDataModule(L.LightningDataModule):
             tok = self.tokenizer
             docs = getattr(self.split, split_name)
             key = hashlib.sha256(
-                f"{self._tokenizer_path.name}|{self.split.fingerprint()}|{split_name}".encode()
+                f"{self._tokenizer_path.name}|{self.split.fingerprint()}|{split_name}".encode()  # subset in train
             )
             path = self.cache_dir / "tokens" / f"{split_name}-{key.hexdigest()[:16]}.npy"
             if path.exists():

@@ -15,6 +15,8 @@ from torchmetrics import MeanMetric
 from repro.models import GPTConfig
 from repro.models.gpt import GPT
 
+from .checkpoints import check_checkpoint_matches, read_checkpoint
+
 
 @dataclass
 class OptimConfig:
@@ -78,17 +80,23 @@ class GPTLightningModule(L.LightningModule):
     Args:
         gpt: Architecture of the model (per-layer RoPE widths, MHA or MLA, sizes).
         optim: Optimizer and learning-rate schedule.
+        init_checkpoint: Fine-tune: start ``fit`` from this checkpoint's weights (same architecture).
         nonfinite: A NaN or inf training loss: 'raise' (stop, naming the step) or 'skip' the step's
             update. (With strategy='clapping' the strategy's own ``nonfinite`` option applies.)
     """
 
     def __init__(
-        self, gpt: GPTConfig, optim: OptimConfig | None = None, nonfinite: Literal["raise", "skip"] = "raise"
+        self,
+        gpt: GPTConfig,
+        optim: OptimConfig | None = None,
+        nonfinite: Literal["raise", "skip"] = "raise",
+        init_checkpoint: str | None = None,
     ) -> None:
         super().__init__()
         if nonfinite not in ("raise", "skip"):
             raise ValueError(f"model.nonfinite={nonfinite!r}: allowed values are ('raise', 'skip')")
         self.nonfinite = nonfinite
+        self.init_checkpoint = init_checkpoint
         self.skipped_steps = 0
         # load_from_checkpoint passes the saved hyperparameters back as plain dicts
         gpt = GPTConfig(**gpt) if isinstance(gpt, dict) else gpt
@@ -102,6 +110,22 @@ class GPTLightningModule(L.LightningModule):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)
+
+    def setup(self, stage: str) -> None:
+        """Fine-tuning: a fit starts from ``init_checkpoint``'s weights (a resumed fit then restores its
+        own checkpoint over them)."""
+        if stage == "fit" and self.init_checkpoint:
+            self.load_weights(self.init_checkpoint)
+
+    def load_weights(self, path: str) -> None:
+        """The model weights of a checkpoint of the same architecture (every differing field named)."""
+        ckpt = read_checkpoint(path)
+        saved = ckpt.get("hyper_parameters", {}).get("gpt")
+        if saved is None or "state_dict" not in ckpt:
+            raise ValueError(f"model.init_checkpoint={path!r}: not a repro GPT checkpoint")
+        check_checkpoint_matches(saved, self.gpt_config, path)
+        state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+        self.model.load_state_dict(state)
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor | None:
         _, loss = self.model(batch["input_ids"], batch["targets"])

@@ -20,10 +20,11 @@ from typing import Any
 
 import lightning as L
 import torch
+from jsonargparse import ArgumentError
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from repro.files import read_json, write_json_atomic
-from repro.lit.cli import ReproCLI
+from repro.lit.cli import ConfigError, ReproCLI, one_line
 from repro.pipeline.lightning import ClappingStrategy
 
 from .placement import Slot
@@ -64,6 +65,7 @@ class RunRecorder(L.Callback):
     def __init__(self, spec: RunSpec) -> None:
         self.spec = spec
         self.curve: list[tuple[int, float]] = []
+        self.bytes: list[float] = []  # pipeline runs: bytes sent by each evaluation
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         every, step = self.spec.checkpoint_every, trainer.global_step
@@ -76,6 +78,9 @@ class RunRecorder(L.Callback):
         value = trainer.callback_metrics.get("val/loss")
         if value is not None:
             self.curve.append((int(trainer.global_step), float(value)))
+            sent = trainer.callback_metrics.get("pipe/bytes_total")
+            if sent is not None:
+                self.bytes.append(float(sent))
 
     def on_train_end(self, trainer, pl_module) -> None:
         if self.spec.save_checkpoint:
@@ -83,6 +88,7 @@ class RunRecorder(L.Callback):
         summary = getattr(trainer.strategy, "run_summary", None)
         record = {
             "val_curve": self.curve,
+            "val_bytes": self.bytes or None,
             "metrics": {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1},
             "global_step": int(trainer.global_step),
             "pipeline": summary() if callable(summary) else None,
@@ -124,7 +130,10 @@ def cli_args(spec: RunSpec, cache_dir: str | None = None) -> list[str]:
         f"--trainer.val_check_interval={spec.eval_every}",
         "--trainer.check_val_every_n_epoch=null",
     ]
-    args += [f"--{key}={json.dumps(value)}" for key, value in spec.override_dict().items()]
+    args += [
+        f"--{key}={value if isinstance(value, str) else json.dumps(value)}"
+        for key, value in spec.override_dict().items()
+    ]
     if cache_dir:
         args.append(f"--data.cache_dir={cache_dir}")
     return args
@@ -171,7 +180,10 @@ def train_run(
     if tb.exists():  # left by an interrupted attempt
         shutil.rmtree(tb)
     recorder = RunRecorder(spec)
-    cli = _EngineCLI(cli_args(spec, cache_dir), _trainer_kwargs(spec, slot, recorder, backend))
+    try:
+        cli = _EngineCLI(cli_args(spec, cache_dir), _trainer_kwargs(spec, slot, recorder, backend))
+    except (ArgumentError, ConfigError) as exc:  # a config the experiment's overrides do not fit
+        raise ValueError(f"run {spec.display}: {one_line(exc)}") from None
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     partial = read_json(_partial_path(spec), "run record")
     result = RunResult(
@@ -190,6 +202,7 @@ def train_run(
         device=slot.device,
         provenance=provenance(slot.threads),
         pipeline=partial["pipeline"],
+        val_bytes=tuple(partial["val_bytes"]) if partial.get("val_bytes") else None,
         checkpoint=str(checkpoint_path(spec)) if spec.save_checkpoint else None,
     )
     save_result(spec, result)

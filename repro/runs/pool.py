@@ -13,8 +13,9 @@ import multiprocessing
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from contextlib import contextmanager
 
 from .build import quiet_lightning, train_run
 from .interrupts import stop_if_interrupted
@@ -96,6 +97,37 @@ def _worker_train(spec: RunSpec, slot: Slot, fingerprint: str) -> RunResult:
     return train_run(spec, slot, _WORKER["cache_dir"], fingerprint=fingerprint)
 
 
+class SlotPool:
+    """Which slots are free: a run takes one, and gives it back when it ends, failed or not."""
+
+    def __init__(self, slots: Sequence[Slot]) -> None:
+        self.slots = list(slots)
+        self.free = list(range(len(self.slots)))
+
+    def acquire(self) -> int | None:
+        return self.free.pop(0) if self.free else None
+
+    def release(self, index: int) -> None:
+        if index in self.free:
+            raise ValueError(f"slot {index} released twice")
+        self.free.append(index)
+
+
+@contextmanager
+def environment(env: dict[str, str] | None) -> Iterator[None]:
+    """Extra environment variables for the processes started inside the block."""
+    saved = {k: os.environ.get(k) for k in env or {}}
+    os.environ.update(env or {})
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def train_all(
     specs: Sequence[RunSpec],
     accelerator: str = "cpu",
@@ -103,9 +135,10 @@ def train_all(
     cache_dir: str | None = None,
     progress: Progress | None = None,
     runs_per_gpu: int = 1,
-    on_result: Callable[[RunSpec, RunResult], None] | None = None,
+    env: dict[str, str] | None = None,
 ) -> dict[str, RunResult]:
-    """Train (or reuse) every run; returns ``spec.key -> result``."""
+    """Train (or reuse) every run; returns ``spec.key -> result``. With ``env``, single-process runs
+    train in worker processes started with those environment variables (e.g. another kernel path)."""
     keys = [s.key for s in specs]
     if len(set(keys)) != len(keys):
         raise ValueError(f"run names are not unique: {sorted({k for k in keys if keys.count(k) > 1})}")
@@ -118,8 +151,6 @@ def train_all(
     def finish(spec: RunSpec, result: RunResult) -> None:
         results[spec.key] = result
         progress.update(spec, result)
-        if on_result is not None:
-            on_result(spec, result)
 
     for spec in specs:  # finished runs are reused here, without starting a worker for them
         fingerprint = spec.fingerprint()
@@ -131,8 +162,9 @@ def train_all(
     pipelines = [(s, f) for s, f in pending if s.stages > 1]
     singles = [(s, f) for s, f in pending if s.stages == 1]
     quiet_lightning()
-    if len(slots) > 1 and len(singles) > 1:
-        _train_in_workers(singles, slots, cache_dir, finish)
+    if singles and (len(slots) > 1 and len(singles) > 1 or env):
+        with environment(env):
+            _train_in_workers(singles, SlotPool(slots), cache_dir, finish)
     else:
         for spec, fingerprint in singles:
             stop_if_interrupted()
@@ -146,30 +178,40 @@ def train_all(
 
 def _train_in_workers(
     jobs: list[tuple[RunSpec, str]],
-    slots: list[Slot],
+    slots: SlotPool,
     cache_dir: str | None,
     finish: Callable[[RunSpec, RunResult], None],
 ) -> None:
-    """Each slot runs one job at a time in its own spawned process."""
+    """Each slot runs one job at a time in a spawned process. A failed run gives its slot back and
+    the others go on; the failures are raised together at the end, naming the runs."""
     todo = list(jobs)
-    free = list(range(len(slots)))
     running: dict[Future, tuple[RunSpec, int]] = {}
+    failures: list[str] = []
     with ProcessPoolExecutor(
-        max_workers=min(len(slots), len(jobs)),
+        max_workers=min(len(slots.slots), len(jobs)),
         mp_context=multiprocessing.get_context("spawn"),
         initializer=_worker_init,
         initargs=(cache_dir,),
     ) as pool:
         while todo or running:
-            while todo and free:
+            while todo and slots.free:
                 spec, fingerprint = todo.pop(0)
-                slot = free.pop(0)
-                running[pool.submit(_worker_train, spec, slots[slot], fingerprint)] = (spec, slot)
+                slot = slots.acquire()
+                running[pool.submit(_worker_train, spec, slots.slots[slot], fingerprint)] = (spec, slot)
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
                 spec, slot = running.pop(future)
-                free.append(slot)
-                finish(spec, future.result())
+                slots.release(slot)
+                try:
+                    finish(spec, future.result())
+                except Exception as exc:  # the run failed: its slot is free again, the others go on
+                    failures.append(
+                        f"{spec.display}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                    )
+    if failures:
+        raise RuntimeError(
+            f"{len(failures)} run(s) failed (the others finished and are kept): " + "; ".join(failures)
+        )
 
 
 def default_workers() -> int:

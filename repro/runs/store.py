@@ -33,6 +33,7 @@ class RunResult:
     provenance: dict[str, Any]  # commit, machine, time
     pipeline: dict[str, Any] | None = None  # the pipeline strategy's summary (bytes, buffers)
     checkpoint: str | None = None  # <folder>/<name>.ckpt when the spec asked for one
+    val_bytes: tuple[float, ...] | None = None  # pipeline runs: bytes sent by each evaluation of val_curve
     reused: bool = field(default=False, compare=False)  # found finished on disk (not stored)
 
     @property
@@ -61,6 +62,8 @@ class RunResult:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
         values["val_curve"] = tuple((int(s), float(v)) for s, v in values.get("val_curve", ()))
+        if values.get("val_bytes") is not None:
+            values["val_bytes"] = tuple(values["val_bytes"])
         return cls(**{**values, "reused": reused})
 
 

@@ -1,9 +1,12 @@
 """The Clapping table (md, csv, json) from the runs' results.
 
-One row per (method, compressor, p): final validation loss (mean +- std over seeds), total bytes
-sent (mean over seeds), compression ratio against ``none`` of the same seed, the largest buffer
-memory of a rank, training wall time, and the emulated network time at ``bandwidth_mbps``: the
-busiest rank's bytes x 8 / bandwidth (a lower bound on the time a link of that speed needs).
+One row per (regime, method, compressor, p): final validation loss (mean +- std over seeds), its
+paired difference to ``none`` of the same regime (95 % CI, paired t-test, Holm-corrected over the
+regime's rows), total bytes sent (mean over seeds), compression ratio against ``none`` of the same
+seed, the bytes needed to reach a target loss (``none``'s final loss + ``target_margin``), the
+largest buffer memory of a rank, training wall time, and the emulated network time at
+``bandwidth_mbps`` (the busiest rank's bytes x 8 / bandwidth). Then the paper's claims as this
+scale can test them: resolved, failed, or unresolved.
 """
 
 from __future__ import annotations
@@ -16,17 +19,27 @@ from typing import Any
 
 from repro.files import write_json_atomic, write_text_atomic
 from repro.runs.provenance import git_commit, machine, now
+from repro.stats import ALPHA, paired_comparison, power_figures, with_holm
 
 from .settings import ClappingSettings
 
 COLUMNS = (
+    "regime",
     "method",
     "compressor",
     "p",
     "val_loss",
     "val_loss_std",
+    "delta_vs_none",
+    "delta_ci_low",
+    "delta_ci_high",
+    "p_value",
+    "p_holm",
+    "resolved",
     "bytes_total",
     "compression_ratio",
+    "bytes_to_target",
+    "reached_target",
     "buffer_bytes_max_rank",
     "train_wall_s",
     "emulated_net_s",
@@ -41,42 +54,156 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def build_report(
-    settings: ClappingSettings,
-    results: list[dict[str, Any]],
-    memory: list[dict[str, Any]],
-    *,
-    seeds,
-    dataset_size: int,
-    wall_s: float,
-    trained_runs: int,
-    model_config: str,
-) -> dict[str, Any]:
-    """``results``: one flat record per run (row, seed, loss, bytes); ``memory``: the memory figure's points."""
-    none_bytes = {r["seed"]: r["bytes_total"] for r in results if r["method"] == "none"}
+def bytes_at_loss(run: dict[str, Any], target: float) -> float | None:
+    """Bytes sent by the first evaluation at or below ``target`` (None: never reached)."""
+    for (_, loss), sent in zip(run["val_curve"], run["val_bytes"] or []):
+        if loss <= target:
+            return sent
+    return None
+
+
+def regime_rows(settings: ClappingSettings, regime: str, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    none = {r["seed"]: r for r in runs if r["method"] == "none"}
+    seeds = sorted(none)
+    target = statistics.fmean(r["final_val_loss"] for r in none.values()) + settings.target_margin
     groups: dict[tuple, list[dict]] = {}
-    for r in results:
+    for r in runs:
         groups.setdefault((r["method"], r["compressor"], r["p"]), []).append(r)
+    compared = with_holm(
+        {
+            key: paired_comparison(
+                [next(r for r in g if r["seed"] == s)["final_val_loss"] for s in seeds],
+                [none[s]["final_val_loss"] for s in seeds],
+            )
+            for key, g in groups.items()
+            if key[0] != "none"
+        }
+    )
     rows = []
-    for (method, compressor, p), runs in groups.items():
-        loss, loss_std = _mean_std([r["final_val_loss"] for r in runs])
-        ratios = [r["bytes_total"] / none_bytes[r["seed"]] for r in runs if none_bytes.get(r["seed"])]
-        emulated = [max(r["bytes_sent_per_rank"]) * 8 / (settings.bandwidth_mbps * 1e6) for r in runs]
+    for (method, compressor, p), group in groups.items():
+        loss, loss_std = _mean_std([r["final_val_loss"] for r in group])
+        ratios = [
+            r["bytes_total"] / none[r["seed"]]["bytes_total"] for r in group if none[r["seed"]]["bytes_total"]
+        ]
+        reached = [b for b in (bytes_at_loss(r, target) for r in group) if b is not None]
+        c = compared.get((method, compressor, p))
         rows.append(
             {
+                "regime": regime,
                 "method": method,
                 "compressor": compressor,
                 "p": p,
                 "val_loss": loss,
                 "val_loss_std": loss_std,
-                "bytes_total": statistics.fmean(r["bytes_total"] for r in runs),
+                "delta_vs_none": c.mean if c else 0.0,
+                "delta_ci_low": c.ci_low if c else None,
+                "delta_ci_high": c.ci_high if c else None,
+                "p_value": c.p if c else None,
+                "p_holm": c.p_holm if c else None,
+                "resolved": c.resolved if c else None,
+                "bytes_total": statistics.fmean(r["bytes_total"] for r in group),
                 "compression_ratio": statistics.fmean(ratios) if ratios else None,
-                "buffer_bytes_max_rank": max(max(r["buffer_bytes_per_rank"]) for r in runs),
-                "train_wall_s": statistics.fmean(r["train_wall_s"] for r in runs),
-                "emulated_net_s": statistics.fmean(emulated),
-                "seeds": sorted(r["seed"] for r in runs),
+                "bytes_to_target": statistics.fmean(reached) if len(reached) == len(group) else None,
+                "reached_target": f"{len(reached)}/{len(group)}",
+                "buffer_bytes_max_rank": max(max(r["buffer_bytes_per_rank"]) for r in group),
+                "train_wall_s": statistics.fmean(r["train_wall_s"] for r in group),
+                "emulated_net_s": statistics.fmean(
+                    max(r["bytes_sent_per_rank"]) * 8 / (settings.bandwidth_mbps * 1e6) for r in group
+                ),
+                "seeds": sorted(r["seed"] for r in group),
             }
         )
+    return rows
+
+
+def claims(settings: ClappingSettings, rows: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """The paper's claims as this scale can test them."""
+    out = []
+    ft = [r for r in rows if r["regime"] == "finetune"] or rows
+    small = [r for r in ft if r["compression_ratio"] is not None and r["compression_ratio"] <= 0.05]
+    if not small:
+        best = min(
+            (r for r in ft if r["compression_ratio"]), key=lambda r: r["compression_ratio"], default=None
+        )
+        verdict = "fails at this byte accounting" if best else "untested"
+        detail = (
+            (
+                f"no row sends 5 % of none's bytes or less; the smallest ratio is {best['compression_ratio']:.3f} "
+                f"({best['method']} {best['compressor']} p={best['p']:g})"
+            )
+            if best
+            else "no compressed row"
+        )
+    else:
+        within = [
+            r for r in small if r["delta_ci_high"] is not None and r["delta_ci_high"] <= settings.minimal_loss
+        ]
+        beyond = [
+            r for r in small if r["delta_ci_low"] is not None and r["delta_ci_low"] > settings.minimal_loss
+        ]
+        verdict = "holds" if within else "fails" if len(beyond) == len(small) else "unresolved"
+        detail = ", ".join(
+            f"{r['method']} {r['compressor']} p={r['p']:g}: ratio {r['compression_ratio']:.3f}, Δ "
+            f"{r['delta_vs_none']:+.4f} [{r['delta_ci_low']:+.4f}, {r['delta_ci_high']:+.4f}]"
+            for r in small
+            if r["delta_ci_low"] is not None
+        )
+    out.append(
+        {
+            "claim": f"up to 95% less communication with minimal loss (at most {settings.minimal_loss:g} nats "
+            "over none, by the CI)",
+            "regime": "finetune",
+            "verdict": verdict,
+            "detail": detail,
+        }
+    )
+    for method in ("clapping_fc", "clapping_fu"):
+        for compressor in sorted({r["compressor"] for r in ft if r["method"] == method}):
+            by_p = {r["p"]: r for r in ft if r["method"] == method and r["compressor"] == compressor}
+            if 1.0 not in by_p or len(by_p) < 2:
+                continue
+            lazy = min((p for p in by_p if p < 1.0), key=lambda p: by_p[p]["val_loss"])
+            diff = by_p[lazy]["val_loss"] - by_p[1.0]["val_loss"]
+            out.append(
+                {
+                    "claim": f"lazy sampling (p < 1) helps {method} with {compressor}",
+                    "regime": "finetune",
+                    "verdict": "see the rows",
+                    "detail": f"best p={lazy:g}: {by_p[lazy]['val_loss']:.4f} vs p=1 "
+                    f"{by_p[1.0]['val_loss']:.4f} ({diff:+.4f}; equal steps, bytes ratio "
+                    f"{by_p[lazy]['compression_ratio']:.3f} vs {by_p[1.0]['compression_ratio']:.3f})",
+                }
+            )
+    return out
+
+
+def build_report(
+    settings: ClappingSettings,
+    runs: list[dict[str, Any]],
+    memory: list[dict[str, Any]],
+    quantizer_errors: list[dict[str, Any]] | None,
+    *,
+    dataset_sizes: dict[str, int],
+    wall_s: float,
+    trained_runs: int,
+    model_config: str,
+    base: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """``runs``: one flat record per run (row, seed, loss, bytes)."""
+    rows, power = [], {}
+    for regime in settings.regimes:
+        regime_runs = [r for r in runs if r["regime"] == regime]
+        rows += regime_rows(settings, regime, regime_runs)
+        none = sorted((r for r in regime_runs if r["method"] == "none"), key=lambda r: r["seed"])
+        diffs, groups = [], []
+        for key in {(r["method"], r["compressor"], r["p"]) for r in regime_runs if r["method"] != "none"}:
+            group = sorted(
+                (r for r in regime_runs if (r["method"], r["compressor"], r["p"]) == key),
+                key=lambda r: r["seed"],
+            )
+            diffs.append([a["final_val_loss"] - b["final_val_loss"] for a, b in zip(group, none)])
+            groups.append([r["final_val_loss"] for r in group])
+        power[regime] = power_figures(diffs, groups, len(settings.seeds), settings.minimal_loss)
     return {
         "scale": settings.scale,
         "git_commit": git_commit(),
@@ -84,19 +211,25 @@ def build_report(
         "machine": machine(),
         "settings": settings.as_dict(),
         "model_config": model_config,
-        "seeds": list(seeds),
-        "dataset_size": dataset_size,
+        "seeds": list(settings.seeds),
+        "dataset_sizes": dataset_sizes,
         "bandwidth_mbps": settings.bandwidth_mbps,
         "wall_s": wall_s,
-        "total_runs": len(results),
+        "total_runs": len(runs) + (base is not None),  # the rows and the base model
         "trained_runs": trained_runs,
+        "base": base,
         "rows": rows,
+        "claims": claims(settings, rows),
+        "statistics": power,
+        "quantizer_errors": quantizer_errors,
         "memory": memory,
-        "runs": results,
+        "runs": runs,
     }
 
 
-def _fmt_bytes(n: float) -> str:
+def _fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
     for unit in ("B", "KB", "MB", "GB"):
         if abs(n) < 1000 or unit == "GB":
             return f"{n:,.1f} {unit}" if unit != "B" else f"{n:,.0f} B"
@@ -104,35 +237,83 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:.1f} GB"
 
 
+def _delta(r: dict[str, Any]) -> str:
+    if r["method"] == "none":
+        return "-"
+    if r["delta_ci_low"] is None:
+        return f"{r['delta_vs_none']:+.4f}"
+    text = f"{r['delta_vs_none']:+.4f} [{r['delta_ci_low']:+.4f}, {r['delta_ci_high']:+.4f}]"
+    return f"**{text}**" if r["resolved"] else text
+
+
 def markdown(report: dict[str, Any]) -> str:
-    head = (
-        "| method | compressor | p | val loss | total bytes | ratio vs none | buffer / rank (max) | "
-        f"train wall (s) | emulated {report['bandwidth_mbps']:g} Mbps (s) |"
-    )
-    lines = [head, "|" + "---|" * 9]
-    for r in report["rows"]:
-        ratio = "-" if r["compression_ratio"] is None else f"{r['compression_ratio']:.3f}"
-        lines.append(
-            f"| {r['method']} | {r['compressor']} | {r['p']:g} | {r['val_loss']:.4f} ± {r['val_loss_std']:.4f} | "
-            f"{_fmt_bytes(r['bytes_total'])} | {ratio} | {_fmt_bytes(r['buffer_bytes_max_rank'])} | "
-            f"{r['train_wall_s']:.1f} | {r['emulated_net_s']:.2f} |"
-        )
     s = report["settings"]
-    lines.append("")
-    lines.append(
-        f"Scale `{report['scale']}`, K = {s['stages']} stages, M = {s['micro_batches']} micro-batches, "
-        f"{s['steps']} steps, seeds {report['seeds']}, N = {report['dataset_size']} training samples, "
-        f"model `{report['model_config']}`, commit `{report['git_commit']}`. Validation loss: last "
-        f"evaluation, mean ± std over seeds. Emulated time: the busiest rank's bytes x 8 / bandwidth."
-    )
+    lines = []
+    for regime in s["regimes"]:
+        grid = s[regime]
+        lines += [
+            f"### Regime `{regime}` ({grid['steps']} steps, N = {report['dataset_sizes'][regime]} training samples)",
+            "",
+            "| method | compressor | p | val loss | Δ vs none [95% CI] | p (Holm) | total bytes | ratio vs none "
+            "| bytes to target | buffer / rank (max) | train wall (s) "
+            f"| emulated {report['bandwidth_mbps']:g} Mbps (s) |",
+            "|" + "---|" * 12,
+        ]
+        for r in (r for r in report["rows"] if r["regime"] == regime):
+            ratio = "-" if r["compression_ratio"] is None else f"{r['compression_ratio']:.3f}"
+            p_holm = "-" if r["p_holm"] is None else f"{r['p_holm']:.3f}"
+            lines.append(
+                f"| {r['method']} | {r['compressor']} | {r['p']:g} | {r['val_loss']:.4f} ± {r['val_loss_std']:.4f} | "
+                f"{_delta(r)} | {p_holm} | {_fmt_bytes(r['bytes_total'])} | {ratio} | "
+                f"{_fmt_bytes(r['bytes_to_target'])} ({r['reached_target']}) | "
+                f"{_fmt_bytes(r['buffer_bytes_max_rank'])} | "
+                f"{r['train_wall_s']:.1f} | {r['emulated_net_s']:.2f} |"
+            )
+        st = report["statistics"][regime]
+        if st["paired_diff_std"] is not None:
+            lines += [
+                "",
+                f"Seeds {report['seeds']}: std of the paired differences {st['paired_diff_std']:.4f}; a difference of "
+                f"{st['detectable_difference']:.4f} nats is detected with {st['power']:.0%} power; "
+                f"{st['target_difference']:g} nats would need about {st['seeds_for_target']} seeds.",
+            ]
+        lines.append("")
+    lines += [
+        f"Scale `{report['scale']}`, K = {s['stages']} stages, M = {s['micro_batches']} micro-batches, seeds "
+        f"{report['seeds']}, model `{report['model_config']}`, commit `{report['git_commit']}`. Loss: last "
+        f"evaluation, mean ± std over seeds; Δ paired by seed, **bold**: resolved (Holm p < {ALPHA:g}); bytes to "
+        f"target: bytes sent by the first evaluation within {s['target_margin']:g} nats of none's final loss "
+        "(mean over seeds, when every seed got there); emulated time: the busiest rank's bytes x 8 / bandwidth.",
+        "",
+    ]
+    lines += ["Claims:", ""] + [
+        f"- {c['claim']} ({c['regime']}): **{c['verdict']}**; {c['detail']}." for c in report["claims"]
+    ]
+    if report.get("quantizer_errors"):
+        lines += [
+            "",
+            "Relative error ||C(x) - x|| / ||x|| of quant on real boundary messages of the base model:",
+            "",
+            "| direction | grid | " + " | ".join(f"{b} bits" for b in s["quant_error_bits"]) + " |",
+            "|" + "---|" * (2 + len(s["quant_error_bits"])),
+        ]
+        for direction in ("fwd", "bwd"):
+            for grid in ("fixed", "span"):
+                cells = [
+                    f"{e['relative_error']:.3f}"
+                    for e in report["quantizer_errors"]
+                    if e["direction"] == direction and e["grid"] == grid
+                ]
+                lines.append(f"| {direction} | {grid} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def write_report(report: dict[str, Any], out: Path) -> None:
+    """md, csv, then json (written last: its presence marks a finished table)."""
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "clapping_table.md", markdown(report))
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=COLUMNS)
+    writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
     writer.writeheader()
     for r in report["rows"]:
         writer.writerow({**r, "seeds": " ".join(str(s) for s in r["seeds"])})

@@ -28,9 +28,10 @@ from repro.runs.interrupts import remember_interrupts, stop_if_interrupted
 from repro.runs.model_config import load_model_config
 from repro.runs.provenance import display_path
 
-from .plan import ClappingRow, grid
+from .plan import ClappingRow, base_spec, finetune_data, grid
+from .quantizer_error import quantizer_error_table
 from .report import build_report, write_report
-from .settings import SCALES, ClappingSettings, load_clapping_settings, settings_path
+from .settings import SCALES, ClappingSettings, load_clapping_settings, settings_path, split_compressor
 
 
 def run_record(row: ClappingRow, result: RunResult, runs_dir: Path) -> dict[str, Any]:
@@ -38,6 +39,7 @@ def run_record(row: ClappingRow, result: RunResult, runs_dir: Path) -> dict[str,
     summary = result.pipeline or {}
     return {
         "name": result.name,
+        "regime": row.regime,
         "method": row.method,
         "compressor": row.compressor,
         "p": row.p,
@@ -46,6 +48,8 @@ def run_record(row: ClappingRow, result: RunResult, runs_dir: Path) -> dict[str,
         "final_val_loss": result.final_val_loss,
         "final_train_loss": result.metrics.get("train/loss"),
         "steps": result.global_step,
+        "val_curve": [list(point) for point in result.val_curve],
+        "val_bytes": list(result.val_bytes or []),
         "bytes_total": summary.get("bytes_total", 0.0),
         "raw_bytes_total": summary.get("raw_bytes_total", 0.0),
         "bytes_sent_per_rank": summary.get("bytes_sent_per_rank", []),
@@ -63,13 +67,9 @@ def measure_memory(
 ) -> list[dict[str, Any]]:
     """The memory figure's points for these settings: every N of ``memory_sizes`` and the run's N."""
     m = settings.micro_batches
+    compressor = split_compressor(settings.grid(settings.regimes[0]).compressors[0])[0]
     points = buffer_memory_points(
-        sorted({*settings.memory_sizes, dataset_size}),
-        block_size,
-        d_model,
-        m,
-        batch_size // m,
-        settings.compressors[0],
+        sorted({*settings.memory_sizes, dataset_size}), block_size, d_model, m, batch_size // m, compressor
     )
     return [{**asdict(p), "is_dataset": dataset_size == p.N} for p in points]
 
@@ -80,38 +80,65 @@ def run_clapping(
     check_accelerator(settings.accelerator)
     config = load_model_config(settings.model)
     config.check_trainable_by_experiment("clapping model")
-    datamodule = config.datamodule(**({"cache_dir": cache_dir} if cache_dir else {}))
-    datamodule.setup()
-    dataset_size = len(datamodule.train_set)
-    if datamodule.batch_size % settings.micro_batches:
-        raise ValueError(
-            f"clapping settings: micro_batches={settings.micro_batches} does not divide the model "
-            f"config's data.batch_size={datamodule.batch_size}"
-        )
+    cache = {"cache_dir": cache_dir} if cache_dir else {}
+    sizes, finetune_batch = {}, None
+    for regime in settings.regimes:  # the tokenizer and token caches, once; the sizes N
+        data = finetune_data(settings, "finetune") if regime == "finetune" else {}
+        dm = config.datamodule(**{k.removeprefix("data."): v for k, v in data.items()}, **cache)
+        dm.setup()
+        sizes[regime] = len(dm.train_set)
+        if dm.batch_size % settings.micro_batches:
+            raise ValueError(
+                f"clapping settings: micro_batches={settings.micro_batches} does not divide the model "
+                f"config's data.batch_size={dm.batch_size}"
+            )
+        if regime == "finetune":
+            finetune_batch = next(iter(dm.train_dataloader()))
     runs_dir = out / "runs"
-    jobs = grid(settings, settings.seeds, runs_dir)
+    base = base_spec(settings, out) if "finetune" in settings.regimes else None
+    jobs = grid(settings, runs_dir, base)
     start = time.perf_counter()
-    progress = Progress("clapping", len(jobs), sum(s.steps for _, s in jobs), 1, quiet)
+    specs = ([base] if base else []) + [s for _, s in jobs]
+    progress = Progress("clapping", len(specs), sum(s.steps for s in specs), 1, quiet)
     progress.note(
-        f"scale {settings.scale}: {len(jobs) // len(settings.seeds)} rows x {len(settings.seeds)} seeds = "
-        f"{len(jobs)} runs of {settings.steps} steps at K={settings.stages} (N={dataset_size} training samples)"
+        f"scale {settings.scale}: {len(jobs)} runs at K={settings.stages} ({', '.join(settings.regimes)}; "
+        f"N = {', '.join(f'{r} {n}' for r, n in sizes.items())})" + ("; the base model first" if base else "")
     )
     with remember_interrupts():
-        results = train_all([s for _, s in jobs], settings.accelerator, 1, cache_dir, progress)
+        results = train_all(specs, settings.accelerator, 1, cache_dir, progress)
         stop_if_interrupted()
     records = [run_record(row, results[spec.key], runs_dir) for row, spec in jobs]
+    base_record = quantizer_errors = None
+    if base:
+        base_result = results[base.key]
+        base_record = {
+            "name": base.name,
+            "checkpoint": base_result.checkpoint,
+            "steps": base.steps,
+            "final_val_loss": base_result.final_val_loss,
+            "wall_s": base_result.wall_s,
+        }
+        quantizer_errors = quantizer_error_table(
+            base_result.checkpoint,
+            finetune_batch,
+            settings.stages,
+            settings.micro_batches,
+            settings.quant_error_bits,
+        )
+    first = settings.regimes[0]
     memory = measure_memory(
-        settings, dataset_size, config.block_size, int(config.gpt["n_embd"]), datamodule.batch_size
+        settings, sizes[first], config.block_size, int(config.gpt["n_embd"]), config.batch_size
     )
     report = build_report(
         settings,
         records,
         memory,
-        seeds=settings.seeds,
-        dataset_size=dataset_size,
+        quantizer_errors,
+        dataset_sizes=sizes,
         wall_s=time.perf_counter() - start,
         trained_runs=progress.trained,
         model_config=display_path(config.path),
+        base=base_record,
     )
     write_report(report, out)
     return report

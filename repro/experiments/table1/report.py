@@ -198,6 +198,7 @@ def build_table(
     trained: int,
     reused: int,
     all_runs: list[RunResult],
+    float_spread: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The table document (``all_runs``: every run of this call, trained or reused)."""
     seeds = tuple(settings.seeds)
@@ -269,5 +270,6 @@ def build_table(
             "path": display_path(settings.path),
         },
         "architectures": archs,
+        "float_spread": float_spread,
         "rows": rows,
     }

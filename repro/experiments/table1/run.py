@@ -36,6 +36,7 @@ from repro.runs import Progress, RunResult, check_accelerator, train_all
 from repro.runs.build import VERBOSE_ENV, quiet_lightning
 from repro.runs.interrupts import remember_interrupts
 
+from .float_spread import float_spread
 from .plan import (
     ROW_METHODS,
     interaction_pairs,
@@ -54,7 +55,11 @@ from .table_files import write_table
 
 
 def run_table1(
-    settings: Table1Settings, out: Path, cache_dir: str | None = None, quiet: bool = False
+    settings: Table1Settings,
+    out: Path,
+    cache_dir: str | None = None,
+    quiet: bool = False,
+    with_float_spread: bool = False,
 ) -> dict:
     """Run (or resume) the whole Table 1 pipeline and write the table; returns the table document."""
     started = time.perf_counter()
@@ -159,6 +164,11 @@ def run_table1(
                 tuple(interaction_terms(benefit.values, measured)),
             )
         )
+    spread = None
+    if with_float_spread:
+        progress.note("float spread: the uniform row again under other kernels and thread counts")
+        with remember_interrupts():
+            spread = float_spread(settings, plans, results, cache_dir, progress)
     doc = build_table(
         settings,
         outcomes,
@@ -166,6 +176,7 @@ def run_table1(
         trained=progress.trained,
         reused=progress.done - progress.trained,
         all_runs=list(results.values()),
+        float_spread=spread,
     )
     write_table(doc, out)
     progress.note(
@@ -219,6 +230,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--cache-dir", default=None, help="tokenizer and token cache (default: the configs' data.cache_dir)"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument(
+        "--float-spread",
+        action="store_true",
+        help="also train the uniform row of every seed under avx2 kernels and with all cores per run, and "
+        "report how far those float-level differences move it (reuses the table's runs)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="show Lightning's own lines too")
     return parser
 
@@ -236,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             workers=args.workers,
             accelerator=args.accelerator,
         )
-        run_table1(settings, args.out, args.cache_dir, args.quiet)
+        run_table1(settings, args.out, args.cache_dir, args.quiet, args.float_spread)
     except (ValueError, FileNotFoundError) as exc:
         print(f"repro table1: error: {exc}", file=sys.stderr)
         return 2

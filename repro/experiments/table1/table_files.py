@@ -100,6 +100,19 @@ def to_markdown(doc: dict[str, Any]) -> str:
             f"{st['target_difference']:g} nats needs about {st['seeds_for_target']} seeds. Budget-matched rows "
             f"resolved against uniform: {', '.join(resolved) if resolved else 'none'}."
         )
+    if doc.get("float_spread"):
+        lines += [
+            "",
+            "Float-level spread (the uniform row of every seed retrained; differences to the table's runs):",
+            "",
+        ]
+        for arch, variants in doc["float_spread"].items():
+            for variant, v in variants.items():
+                diffs = ", ".join(f"{d:+.4f}" for d in v["difference"])
+                lines.append(
+                    f"- {ARCH_TITLE[arch]}, {variant} ({v['cpu_capability']}, {v['torch_threads']} thread(s)): "
+                    f"{diffs}; max |Δ| {v['max_abs_difference']:.4f}"
+                )
     lines += ["", "## Analysis", ""]
     for arch in archs:
         an = doc["architectures"][arch]["analysis"]
