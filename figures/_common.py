@@ -1,4 +1,6 @@
-"""Shared helpers of the figure scripts: paper-column styling, loading results, saving PNG + PDF.
+"""The one style module of the figures: paper-column sizes and fonts, the colours and line styles
+of methods (one distinct colour per Table 1 method, one per Clapping method), loading results,
+and saving PNG + PDF trimmed to their content (no label is clipped).
 
 Every figure script has ``main(results=Path('results'), out=Path('figures/out')) -> list[Path]``:
 it returns the files it wrote, or an empty list after printing why it skipped (missing results).
@@ -56,6 +58,30 @@ def load_clapping(results: Path, figure: str) -> dict[str, Any] | None:
     return _load_result(results, "clapping/clapping_table.json", figure, "make reproduce-clapping")
 
 
+# Table 1 methods: twelve colours that stay apart in print (Okabe-Ito plus darker tones), and a
+# line style per group: budget-matched solid, reference points dashed
+TABLE1_COLORS = {
+    "profiled": "#0072B2",
+    "transferred": "#56B4E9",
+    "uniform": "#000000",
+    "first-k": "#E69F00",
+    "last-k": "#D55E00",
+    "spaced-k": "#009E73",
+    "random-k": "#999999",
+    "inverse": "#CC79A7",
+    "phase-off-k": "#7B3294",
+    "all-high": "#1B7837",
+    "all-low": "#8C510A",
+    "nope": "#B2182B",
+}
+REFERENCE_POINTS = ("all-high", "all-low", "nope")
+
+
+def method_of(row_method: str) -> str:
+    """'random-k (R=2)' -> 'random-k'."""
+    return row_method.split(" (")[0]
+
+
 METHOD_COLORS = {
     "none": "black",
     "none_lazy": "tab:gray",
@@ -77,7 +103,7 @@ def save(fig, out: Path, name: str) -> list[Path]:
     paths = [out / f"{name}.png", out / f"{name}.pdf"]
     for p in paths:
         tmp = p.with_name(f".{p.stem}.tmp{p.suffix}")  # written whole, then renamed
-        fig.savefig(tmp)
+        fig.savefig(tmp, bbox_inches="tight", pad_inches=0.03)  # trimmed to the content: nothing clipped
         tmp.replace(p)
     plt.close(fig)
     print(f"[figures] wrote {paths[0]} and .pdf")

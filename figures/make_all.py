@@ -13,6 +13,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 FIGURES = (
     "table1_curves",
+    "table1_deltas",
     "rope_profiles",
     "quality_storage_compute",
     "calibration",

@@ -1,5 +1,6 @@
 """Quality-storage-compute plot of the MLA allocations: KV bytes per token against validation loss,
-coloured by attention FLOPs per token, Pareto front marked (every method and budget trained)."""
+coloured by attention FLOPs per token, Pareto front marked (every method and budget trained).
+Points are numbered; the key under the plot names the allocations of each."""
 
 from __future__ import annotations
 
@@ -10,31 +11,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import COLUMN_WIDTH_IN, load_table1, plt, save, style
 
 
-def place_labels(ax, points, xs, ys) -> None:
-    """Label every point with its methods in one column right of the points, spread apart
-    vertically (never overlapping) and joined to their point by a thin line."""
-    span = (max(ys) - min(ys)) or 1.0
-    gap = 0.05 * span
-    x_span = (max(xs) - min(xs)) or 1.0
-    x_text = max(xs) + 0.12 * x_span
-    order = sorted(range(len(points)), key=lambda i: ys[i])
-    placed: list[float] = []
-    for i in order:
-        placed.append(ys[i] if not placed else max(ys[i], placed[-1] + gap))
-    shift = max(0.0, placed[-1] - max(ys)) / 2  # centre the column on the points
-    for i, y in zip(order, placed):
-        label = ", ".join(points[i]["methods"][:3]) + ("…" if len(points[i]["methods"]) > 3 else "")
-        ax.annotate(
-            label,
-            (xs[i], ys[i]),
-            xytext=(x_text, y - shift),
-            textcoords="data",
-            ha="left",
-            va="center",
-            fontsize=5,
-            arrowprops={"arrowstyle": "-", "lw": 0.3, "color": "gray"},
-        )
-    ax.set_xlim(min(xs) - 0.08 * x_span, max(xs) + 0.55 * x_span)
+def number_points(ax, fig, points, xs, ys) -> None:
+    """A number next to every point and a key under the axes (no leader lines to cross)."""
+    order = sorted(range(len(points)), key=lambda i: (xs[i], ys[i]))
+    key = []
+    for n, i in enumerate(order, start=1):
+        ax.annotate(str(n), (xs[i], ys[i]), textcoords="offset points", xytext=(3, 3), fontsize=5.5)
+        key.append(f"{n}: {', '.join(points[i]['methods'])}")
+    ax.text(
+        0.0, -0.2, "\n".join(key), transform=ax.transAxes, va="top", ha="left", fontsize=5.5, linespacing=1.25
+    )
 
 
 def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> list[Path]:
@@ -66,7 +52,7 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
     fx = [xs[i] for i in front]
     fy = [ys[i] for i in front]
     ax.step(fx, fy, where="post", color="tab:red", lw=1.0, zorder=3, label="Pareto front")
-    place_labels(ax, points, xs, ys)
+    number_points(ax, fig, points, xs, ys)
     cb = fig.colorbar(sc, ax=ax)
     cb.set_label(f"attention FLOPs per token (millions, context {a.get('context', '?')})")
     ax.set_xlabel(f"KV cache per token (bytes, {bpe} B/element, all layers)")

@@ -1,9 +1,11 @@
-"""Validation-loss curves of the Table 1 rows (mean over seeds, shaded +- std), from the runs' logs.
+"""Validation-loss curves of the Table 1 rows (mean over seeds with a 95% confidence band), from
+the runs' result logs. Top row: the whole run; bottom row: the last two thirds, zoomed (said in
+its title), where the rows separate. Rows whose allocations are the same share their runs and are
+drawn once, labelled with every name (e.g. ``first-k = transferred``).
 
-Each run's result log holds its validation curve against the optimizer step (the same values as
-its TensorBoard ``val/loss``, which Lightning files under the step before); the TensorBoard log
-is read when the result log is missing.
-"""
+Steps are optimizer steps as the result log records them: an evaluation after step 300 of a
+300-step run is at 300 (TensorBoard files the same value under step 299; the fallback below
+shifts it back)."""
 
 from __future__ import annotations
 
@@ -14,11 +16,20 @@ from pathlib import Path
 import numpy as np
 
 from repro.lit.tensorboard_scalars import read_scalars
+from repro.stats import mean_interval
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ARCH_TITLE, TEXT_WIDTH_IN, load_table1, plt, save, style
-
-REFERENCE = {"all-high", "all-low", "nope"}
+from _common import (
+    ARCH_TITLE,
+    REFERENCE_POINTS,
+    TABLE1_COLORS,
+    TEXT_WIDTH_IN,
+    load_table1,
+    method_of,
+    plt,
+    save,
+    style,
+)
 
 
 def val_curve(run: dict) -> list[tuple[int, float]]:
@@ -28,50 +39,63 @@ def val_curve(run: dict) -> list[tuple[int, float]]:
     return [(s + 1, v) for s, v in read_scalars(run["tensorboard"]).get("val/loss", [])]
 
 
+def grouped_rows(doc: dict, arch: str) -> list[tuple[str, list[str]]]:
+    """(label, run names) per distinct set of runs, in table order; equal rows share a label."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for row in doc["rows"]:
+        names = tuple(doc["architectures"][arch]["row_runs"][row["method"]])
+        groups.setdefault(names, []).append(method_of(row["method"]))
+    return [(" = ".join(methods), list(names)) for names, methods in groups.items()]
+
+
 def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> list[Path]:
     doc = load_table1(results, "table1_curves")
     if doc is None:
         return []
     style()
     archs = list(doc["architectures"])
-    fig, axes = plt.subplots(1, len(archs), figsize=(TEXT_WIDTH_IN, 3.3), squeeze=False)
-    cmap = plt.get_cmap("tab20")
-    for ax, arch in zip(axes[0], archs):
+    fig, axes = plt.subplots(2, len(archs), figsize=(TEXT_WIDTH_IN, 5.4), squeeze=False)
+    for col, arch in enumerate(archs):
         arch_doc = doc["architectures"][arch]
-        lows = []
-        for i, row in enumerate(doc["rows"]):
-            names = arch_doc["row_runs"][row["method"]]
+        finals = []
+        for label, names in grouped_rows(doc, arch):
             curves = [c for c in (val_curve(arch_doc["runs"][n]) for n in names) if c]
             if not curves:
                 continue
             steps = sorted(set.intersection(*({s for s, _ in c} for c in curves)))
-            values = np.array([[dict(c)[s] for s in steps] for c in curves])
-            mean = values.mean(axis=0)
-            std = values.std(axis=0, ddof=1) if len(curves) > 1 else np.zeros_like(mean)
-            method = row["method"].split(" (")[0]
-            ls = "--" if method in REFERENCE else "-"
-            ax.plot(
-                steps, mean, ls, color=cmap(i), label=row["method"] + (" †" if method in REFERENCE else "")
-            )
-            ax.fill_between(steps, mean - std, mean + std, color=cmap(i), alpha=0.2, linewidth=0)
-            lows.append((mean, steps))
-        # zoom on the second half of training, where the rows separate
-        finals = [m[len(m) // 3 :] for m, _ in lows]
-        lo = min(float(f.min()) for f in finals)
-        hi = max(float(f.max()) for f in finals)
-        pad = 0.05 * (hi - lo or 1.0)
-        ax.set_ylim(lo - pad, hi + pad)
-        ax.set_xlim(lows[0][1][len(lows[0][1]) // 3], lows[0][1][-1])
-        ax.set_title(
-            f"{ARCH_TITLE[arch]}, {doc['architectures'][arch]['target_layers']} layers, "
-            f"{len(doc['seeds'])} seed(s)"
+            stats = [mean_interval([dict(c)[s] for c in curves]) for s in steps]
+            mean, low, high = (np.array(v) for v in zip(*stats))
+            first = label.split(" = ")[0]
+            reference = first in REFERENCE_POINTS
+            kw = {"color": TABLE1_COLORS.get(first, "gray"), "linestyle": "--" if reference else "-"}
+            for ax in axes[:, col]:
+                ax.plot(
+                    steps, mean, label=label + (" †" if reference else ""), marker="o", markersize=1.8, **kw
+                )
+                ax.fill_between(steps, low, high, color=kw["color"], alpha=0.12, linewidth=0)
+            finals.append((np.array(steps), mean))
+        steps0 = finals[0][0]
+        start = steps0[len(steps0) // 3]
+        tail = [m[s >= start] for s, m in finals]
+        lo, hi = min(float(t.min()) for t in tail), max(float(t.max()) for t in tail)
+        pad = 0.06 * (hi - lo or 1.0)
+        zoom = axes[1, col]
+        zoom.set_xlim(start, steps0[-1])
+        zoom.set_ylim(lo - pad, hi + pad)
+        axes[0, col].set_title(
+            f"{ARCH_TITLE[arch]}, {arch_doc['target_layers']} layers, {len(doc['seeds'])} seed(s): whole run"
         )
-        ax.set_xlabel("training step")
-        ax.set_ylabel("validation loss (nats/token)")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncol=6, frameon=False)
+        zoom.set_title(f"zoomed: steps {start} to {steps0[-1]}")
+        for ax in axes[:, col]:
+            ax.set_xlabel("optimizer step")
+            ax.set_ylabel("validation loss (nats/token)")
+    handles: dict[str, object] = {}
+    for ax in axes[0]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=4, frameon=False)
     fig.suptitle(
-        f"Table 1 rows: validation loss (mean ± std over seeds; † not budget-matched), scale {doc['scale']}"
+        f"Table 1 rows, scale {doc['scale']}: mean over seeds, bands 95% CI of the mean; † not budget-matched"
     )
     return save(fig, out, "table1_curves")
 

@@ -74,6 +74,7 @@ def _files(root: Path, cache: Path) -> dict[str, str]:
     put("bad_bench.yaml", "preset: quick\nrepeats: -1\n")
     files["missing"] = str(root / "missing.yaml")
     files["smoke_target"] = str(MODELS / "smoke" / "gpt_mha_6_layers.yaml")
+    files["paper_mha"] = str(MODELS / "paper" / "gpt_mha.yaml")
     return files
 
 
@@ -179,6 +180,48 @@ CASES = [
     ),
     ("clapping: unknown scale", "clapping --scale huge --out {outdir}", r"huge"),
     (
+        "fit: batch size 0 on the command line",
+        "fit --config {good_yaml} --data.batch_size=0",
+        r"batch_size=0",
+    ),
+    ("fit: negative lr on the command line", "fit --config {good_yaml} --model.optim.lr=-1", r"optim\.lr=-1"),
+    ("fit: key typo", "fit --config {good_yaml} --trainer.max_stepz=3", r"max_stepz"),
+    ("fit: bad compile value", "fit --config {good_yaml} --model.compile=3", r"compile"),
+    (
+        "fit: bad nonfinite check",
+        "fit --config {good_yaml} --model.nonfinite_check=never",
+        r"nonfinite_check",
+    ),
+    ("fit: bad fused value", "fit --config {good_yaml} --model.optim.fused=maybe", r"fused"),
+    (
+        "fit: a GPU config on this CPU machine",
+        "fit --config {paper_mha}",
+        r"accelerator='gpu'.*no CUDA GPU|no CUDA GPU",
+    ),
+    (
+        "fit: more stages than layers",
+        "fit --config {good_yaml} --trainer.strategy=clapping --trainer.devices=4",
+        r"4 stages.*3 layers|stages.*layers",
+    ),
+    ("predict is not a command", "predict --config {good_yaml}", r"unknown command 'predict'"),
+    (
+        "table1: bad shard",
+        "table1 --settings {bad_table1_yaml} --shard 2/2 --out {outdir}",
+        r"profile_seedz|i/N",
+    ),
+    ("table1: shard syntax", "table1 --scale smoke --shard two --out {outdir}", r"--shard 'two': give i/N"),
+    (
+        "table1: rows before profiles",
+        "table1 --scale smoke --stage rows --out {outdir}",
+        r"--stage rows needs every stage-1 run",
+    ),
+    ("table1: a gpu scale on this CPU machine", "table1 --scale gpu --out {outdir}", r"no CUDA GPU"),
+    (
+        "clapping: a paper scale on this CPU machine",
+        "clapping --scale paper --out {outdir}",
+        r"--accelerator cpu",
+    ),
+    (
         "bench: bad settings",
         "bench --settings {bad_bench_yaml} --out {outdir}",
         r"repeats=-1: must be a positive integer",
@@ -201,6 +244,8 @@ def test_bad_input_fails_early_naming_it_and_writes_nothing(
     if isinstance(info.value, SystemExit):
         assert info.value.code not in (0, None), case
         text = capsys.readouterr().err
+        lines = [line for line in text.splitlines() if line.strip()]
+        assert len(lines) == 1, f"{case}: {len(lines)} lines of stderr: {text[-2000:]}"
     else:
         text = str(info.value)
     assert __import__("re").search(message, text, __import__("re").S), f"{case}: {text[-2000:]}"

@@ -11,7 +11,6 @@ import sys
 import pytest
 import torch
 
-from conftest import EXPERIMENTS, MODELS, REPO_ROOT
 from repro.experiments.clapping.plan import base_spec, plan_rows
 from repro.experiments.clapping.run import run_clapping
 from repro.experiments.clapping.settings import load_clapping_settings, split_compressor
@@ -19,6 +18,8 @@ from repro.lit import GPTLightningModule
 from repro.models import GPTConfig
 from repro.pipeline.compressors import build_compressor
 from repro.runs.store import checkpoint_path
+
+from conftest import EXPERIMENTS, MODELS, REPO_ROOT
 
 SMOKE = EXPERIMENTS / "clapping" / "smoke.yaml"
 pytestmark = pytest.mark.slow
@@ -33,7 +34,11 @@ def smoke(tmp_path_factory, data_cache):
 
 
 def _row(report, regime, method, compressor, p):
-    return next(r for r in report["rows"] if (r["regime"], r["method"], r["compressor"], r["p"]) == (regime, method, compressor, p))
+    return next(
+        r
+        for r in report["rows"]
+        if (r["regime"], r["method"], r["compressor"], r["p"]) == (regime, method, compressor, p)
+    )
 
 
 def test_every_planned_row_of_both_regimes_is_in_the_table(smoke):
@@ -43,8 +48,14 @@ def test_every_planned_row_of_both_regimes_is_in_the_table(smoke):
     assert {regime for regime, *_ in planned} == {"finetune", "from_scratch"}
     for name in ("clapping_table.md", "clapping_table.csv", "clapping_table.json"):
         assert (out / name).is_file()
-    md_rows = [line for line in (out / "clapping_table.md").read_text().splitlines() if line.startswith("| ") and "---" not in line]
-    assert len(md_rows) == len(planned) + 2 + 4  # two table headers; the quantizer-error table (header + 4 rows)
+    md_rows = [
+        line
+        for line in (out / "clapping_table.md").read_text().splitlines()
+        if line.startswith("| ") and "---" not in line
+    ]
+    assert (
+        len(md_rows) == len(planned) + 2 + 5
+    )  # two table headers; the quantizer-error table (header + 4 rows)
     assert all(0 < r["val_loss"] < 10 for r in report["rows"])
     # the statistics columns: Δ vs none of the same regime (one seed: no interval, no test)
     for r in report["rows"]:
@@ -62,12 +73,22 @@ def test_bytes_sent_are_the_compressors_payloads(smoke):
     steps = grid.steps
     assert _row(report, "finetune", "none", "identity", 1.0)["compression_ratio"] == 1.0
     for entry in grid.compressors:
-        fwd, bwd = (build_compressor(c).payload_nbytes(shape, torch.float32) / raw for c in split_compressor(entry))
+        fwd, bwd = (
+            build_compressor(c).payload_nbytes(shape, torch.float32) / raw for c in split_compressor(entry)
+        )
         for method in ("direct", "ef21"):  # every message compressed, each direction with its own compressor
-            assert _row(report, "finetune", method, entry, 1.0)["compression_ratio"] == pytest.approx((fwd + bwd) / 2)
+            assert _row(report, "finetune", method, entry, 1.0)["compression_ratio"] == pytest.approx(
+                (fwd + bwd) / 2
+            )
         for p in grid.clapping_p:
-            assert _row(report, "finetune", "clapping_fc", entry, p)["compression_ratio"] == pytest.approx((fwd + bwd) / 2)
-            for run in (r for r in report["runs"] if (r["method"], r["compressor"], r["p"]) == ("clapping_fu", entry, p)):
+            assert _row(report, "finetune", "clapping_fc", entry, p)["compression_ratio"] == pytest.approx(
+                (fwd + bwd) / 2
+            )
+            for run in (
+                r
+                for r in report["runs"]
+                if (r["method"], r["compressor"], r["p"]) == ("clapping_fu", entry, p)
+            ):
                 fresh = run["fresh_batches"]  # exact messages on fresh steps, compressed ones on reuse steps
                 expected = (fresh * 2 + (steps - fresh) * (fwd + bwd)) / (2 * steps)
                 assert run["bytes_total"] / run["raw_bytes_total"] == pytest.approx(expected)
@@ -93,7 +114,9 @@ def test_the_base_is_trained_once_and_the_fine_tune_rows_start_from_its_weights(
     for run in report["runs"]:
         spec_file = out / "runs" / f"{run['name']}.json"
         overrides = __import__("json").loads(spec_file.read_text())["overrides"]
-        assert (overrides.get("model.init_checkpoint") == str(checkpoint_path(base))) == (run["regime"] == "finetune")
+        assert (overrides.get("model.init_checkpoint") == str(checkpoint_path(base))) == (
+            run["regime"] == "finetune"
+        )
 
 
 def test_aqsgd_memory_grows_with_n_and_clappings_does_not(smoke):
@@ -112,7 +135,8 @@ def test_the_quantizer_error_table_covers_both_grids_and_directions(smoke):
     settings, report, _ = smoke
     errors = report["quantizer_errors"]
     assert {(e["direction"], e["grid"], e["bits"]) for e in errors} == {
-        (d, g, b) for d in ("fwd", "bwd") for g in ("fixed", "span") for b in settings.quant_error_bits}
+        (d, g, b) for d in ("fwd", "bwd") for g in ("fixed", "span") for b in settings.quant_error_bits
+    }
     by = {(e["direction"], e["grid"], e["bits"]): e["relative_error"] for e in errors}
     for direction in ("fwd", "bwd"):  # more bits, less error
         assert by[(direction, "fixed", 2)] > by[(direction, "fixed", 4)] > by[(direction, "fixed", 8)]
@@ -152,24 +176,34 @@ def test_bad_clapping_settings_fail_with_the_field(override, fragment, tmp_path)
     lines = [line for line in text.splitlines() if not line.startswith(f"{key}:")]
     path = tmp_path / "bad.yaml"
     path.write_text("\n".join(lines + [override]) + "\n")
-    with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+    with pytest.raises(
+        ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")
+    ):
         load_clapping_settings(path)
 
 
-@pytest.mark.parametrize("grid_line, fragment", [
-    ("  methods: [none, zip]", "methods="), ("  compressors: [identity]", "does not compress"),
-    ("  compressors: ['quant(9)/quant(8)']", "2..8"), ("  clapping_p: [1.5]", "p=1.5"), ("  steps: 0", "steps=0"),
-])
+@pytest.mark.parametrize(
+    "grid_line, fragment",
+    [
+        ("  methods: [none, zip]", "methods="),
+        ("  compressors: [identity]", "does not compress"),
+        ("  compressors: ['quant(9)/quant(8)']", "2..8"),
+        ("  clapping_p: [1.5]", "p=1.5"),
+        ("  steps: 0", "steps=0"),
+    ],
+)
 def test_bad_grid_settings_fail_with_the_field(grid_line, fragment, tmp_path):
     text = SMOKE.read_text().replace("../../models/", f"{MODELS}/")
     key = grid_line.split(":")[0]
     lines = text.splitlines()
     start = lines.index("finetune:  # pretrain once, then fine-tune on the held-back plays")
     end = next(i for i in range(start + 1, len(lines)) if not lines[i].startswith("  "))
-    block = [ln for ln in lines[start + 1:end] if not ln.startswith(key + ":")] + [grid_line]
+    block = [ln for ln in lines[start + 1 : end] if not ln.startswith(key + ":")] + [grid_line]
     path = tmp_path / "bad.yaml"
     path.write_text("\n".join(lines[: start + 1] + block + lines[end:]) + "\n")
-    with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+    with pytest.raises(
+        ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")
+    ):
         load_clapping_settings(path)
 
 
@@ -177,4 +211,6 @@ def test_the_table_records_what_reruns_each_row(smoke):
     """Commit, settings, model config and seeds, and per run its regime, method, compressor, p and seed."""
     settings, report, out = smoke
     assert report["git_commit"] and report["settings"] and report["model_config"] and report["seeds"] == [0]
-    assert all({"regime", "method", "compressor", "p", "seed", "fingerprint"} <= set(run) for run in report["runs"])
+    assert all(
+        {"regime", "method", "compressor", "p", "seed", "fingerprint"} <= set(run) for run in report["runs"]
+    )

@@ -95,7 +95,14 @@ def test_the_fixed_grid_has_a_zero_level_and_the_span_grid_has_none_by_hand():
     assert fixed.values(fixed.codes(x, s), s).flatten().tolist() == [0.5, 0.5, 0.0, 0.0, -0.5, -1.0]
     assert span.codes(x, s).flatten().tolist() == [3, 2, 2, 2, 1, 0]
     third = pytest.approx(1 / 3)
-    assert span.values(span.codes(x, s), s).flatten().tolist() == [1.0, third, third, third, pytest.approx(-1 / 3), -1.0]
+    assert span.values(span.codes(x, s), s).flatten().tolist() == [
+        1.0,
+        third,
+        third,
+        third,
+        pytest.approx(-1 / 3),
+        -1.0,
+    ]
     for comp in (fixed, span):  # the decoded message is exactly these values, at the same payload size
         payload = comp.compress(x.reshape(1, 6, 1))
         assert (

@@ -22,7 +22,8 @@ TINY_CLAPPING = f"""scale: smoke
 model: {MODELS}/smoke/clapping.yaml
 regimes: [from_scratch]
 finetune: {{steps: 8, eval_every: 4}}
-from_scratch: {{steps: 8, eval_every: 4, methods: [none, ef21, clapping_fc], compressors: ["quant(4)"], clapping_p: [0.5]}}
+from_scratch:
+  {{steps: 8, eval_every: 4, methods: [none, ef21, clapping_fc], compressors: ["quant(4)"], clapping_p: [0.5]}}
 val_batches: 2
 seeds: [0]
 stages: 2

@@ -152,13 +152,17 @@ class NanLossAt(L.Callback):
         self.params.append(_digest(pl_module))
 
 
+@pytest.mark.parametrize("check", ["every_step", "deferred"])
 @pytest.mark.parametrize("mode", ["raise", "skip"])
-def test_a_nonfinite_loss_stops_or_skips_the_step(mode, corpus, tmp_path):
+def test_a_nonfinite_loss_stops_or_skips_the_step(mode, check, corpus, tmp_path):
+    """every_step reads the loss on the host each step; deferred (the CUDA default) leaves the step
+    to the fused optimizer's found_inf and reads device counters at log steps and at the end."""
     from repro.lit import GPTLightningModule
     from repro.models import GPTConfig
 
     cfg = GPTConfig(n_layer=2, n_embd=32, n_head=2, rope_dims=[8, 8], vocab_size=64, block_size=32)
-    module = GPTLightningModule(cfg, OPTIM, nonfinite=mode)
+    optim = {**OPTIM, "fused": check == "deferred"}
+    module = GPTLightningModule(cfg, optim, nonfinite=mode, nonfinite_check=check)
     guard = NanLossAt(2)
     trainer = L.Trainer(
         accelerator="cpu",
@@ -171,8 +175,13 @@ def test_a_nonfinite_loss_stops_or_skips_the_step(mode, corpus, tmp_path):
         callbacks=[guard],
     )
     if mode == "raise":
-        with pytest.raises(FloatingPointError, match=r"non-finite training loss \(nan\) at training step 2"):
+        expected = r"non-finite training loss \(nan\) at training step 2"
+        if check == "deferred":  # found at the end (log_every_n_steps=50): step 2 changed nothing
+            expected = r"non-finite training loss at training step 2 \(1 such step"
+        with pytest.raises(FloatingPointError, match=expected):
             trainer.fit(module, small_dm(corpus, tmp_path / "c", blocks=64))
+        if check == "deferred":
+            assert guard.params[3] == guard.params[2] and guard.params[2] != guard.params[1]
         return
     trainer.fit(module, small_dm(corpus, tmp_path / "c", blocks=64))
     assert module.skipped_steps == 1

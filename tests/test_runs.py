@@ -16,7 +16,8 @@ from repro.experiments.table1.settings import load_table1_settings
 from repro.runs import RunSpec
 from repro.runs.build import train_run
 from repro.runs.model_config import load_model_config
-from repro.runs.placement import Slot, pipeline_slot, single_run_slots
+from repro.runs.placement import Slot, pipeline_slots, single_run_slots
+from repro.runs.pool import SlotPool
 from repro.runs.store import load_finished
 
 from conftest import EXPERIMENTS, MODELS
@@ -180,8 +181,52 @@ def test_slots_share_the_cores_and_the_gpus():
     assert [s.devices for s in gpu] == [(0,), (1,), (0,), (1,), (0,), (1,)] and all(
         s.threads == 2 for s in gpu
     )
-    assert pipeline_slot("gpu", 4, cores=16, gpus=8) == (Slot("gpu", (0, 1, 2, 3), 4), "nccl")
-    assert pipeline_slot("gpu", 4, cores=16, gpus=2) == (Slot("gpu", (0, 1, 0, 1), 4), "gloo")
-    assert pipeline_slot("cpu", 4, cores=2) == (Slot("cpu", (), 1), "gloo")
+    assert pipeline_slots("gpu", 4, cores=16, gpus=8) == (
+        [Slot("gpu", (0, 1, 2, 3), 2), Slot("gpu", (4, 5, 6, 7), 2)],
+        "nccl",
+    )  # two 4-stage runs side by side on an 8-GPU node, one stage per GPU
+    assert pipeline_slots("gpu", 4, cores=16, gpus=2) == ([Slot("gpu", (0, 1, 0, 1), 4)], "gloo")
+    assert pipeline_slots("cpu", 4, cores=2) == ([Slot("cpu", (), 1)], "gloo")
     with pytest.raises(ValueError, match="workers=0"):
         single_run_slots("cpu", 0)
+
+
+@pytest.mark.parametrize(
+    "gpus, runs_per_gpu, stages", [(1, 1, 1), (3, 2, 1), (8, 4, 1), (8, 1, 4), (6, 1, 4)]
+)
+def test_placement_gives_every_run_a_device_within_its_limits_and_a_failed_run_frees_it(
+    gpus, runs_per_gpu, stages
+):
+    """Simulated node: 20 runs through the slot pool, every fourth run failing. No GPU ever holds
+    more runs than runs_per_gpu (or more stages than one per GPU with NCCL), every run gets a
+    device, and the slot of a failed run is used again."""
+    import random
+
+    if stages == 1:
+        slots = single_run_slots("gpu", 1, runs_per_gpu=runs_per_gpu, cores=16, gpus=gpus)
+        limit = runs_per_gpu
+    else:
+        slots, backend = pipeline_slots("gpu", stages, cores=16, gpus=gpus)
+        limit = 1
+        assert backend == "nccl" and all(len(set(s.devices)) == stages for s in slots)
+    assert {d for s in slots for d in s.devices} == set(range(gpus)) or stages > 1
+    pool, rng = SlotPool(slots), random.Random(0)
+    todo, running, placed, failed_slots = list(range(20)), {}, {}, set()
+    while todo or running:
+        while todo and pool.free:
+            run = todo.pop(0)
+            running[run] = pool.acquire()
+            placed[run] = slots[running[run]].devices
+            load: dict[int, int] = {}
+            for index in running.values():
+                for device in set(slots[index].devices):
+                    load[device] = load.get(device, 0) + 1
+            assert max(load.values()) <= limit
+        run = rng.choice(sorted(running))
+        if run % 4 == 3:
+            failed_slots.add(running[run])
+        pool.release(running.pop(run))
+    assert sorted(placed) == list(range(20)) and all(placed.values())
+    assert failed_slots and len(pool.free) == len(slots)
+    with pytest.raises(ValueError, match="released twice"):
+        pool.release(pool.free[0])

@@ -124,7 +124,39 @@ def test_a_reproduction_killed_midway_finishes_with_the_same_table(smoke_table):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["table1_curves", "rope_profiles", "quality_storage_compute", "calibration"])
+def test_two_shards_run_as_two_processes_write_the_same_table(smoke_table):
+    """repro table1 --shard 0/2 and --shard 1/2 at once, in one results folder: each trains its half
+    of stage 1, waits for the other's, trains its half of stage 2, and the last to finish writes
+    the table of the one-process run (each shard with 2 single-thread workers, as that run)."""
+    import subprocess
+
+    from test_interrupted_orchestrators import _cli
+
+    work = smoke_table["work"]
+    out = work / "results" / "sharded"
+    procs = [
+        subprocess.Popen(
+            _cli(["table1", "--settings", str(SMOKE), "--out", str(out), "--shard", f"{i}/2"]),
+            cwd=work,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    logs = [p.communicate(timeout=900)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], logs
+    assert sum("writes the table" in log for log in logs) <= 1  # one of them may finish first
+    trained = [int(log.split("stage 2 of 2: ")[1].split(" runs")[0]) for log in logs]
+    assert min(trained) > 0  # both shards trained rows
+    doc = json.loads((out / "table1.json").read_text())
+    assert doc["rows"] == smoke_table["doc"]["rows"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name", ["table1_curves", "table1_deltas", "rope_profiles", "quality_storage_compute", "calibration"]
+)
 def test_each_figure_script_draws_from_the_smoke_results(smoke_table, name, tmp_path):
     sys.path.insert(0, str(FIGURES))
     try:

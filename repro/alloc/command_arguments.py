@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from repro.runs.scale_args import add_scale_args
+
 
 def _levels_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
@@ -135,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     cov.add_argument("--out", required=True, type=Path, help="output profile JSON")
     _levels_args(cov)
     _runs_args(cov)
+    add_scale_args(cov, "the config's model", "the profile")
 
     fid = psub.add_parser(
         "fidelity",

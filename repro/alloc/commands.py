@@ -15,8 +15,10 @@ from typing import Any
 
 from repro.files import read_json, write_json_atomic
 from repro.models.config import GPTConfig
+from repro.runs.budget import planned_runs, print_plan
 from repro.runs.build import VERBOSE_ENV, quiet_lightning
 from repro.runs.model_config import load_model_config, write_model_config
+from repro.runs.shards import Shard
 
 from .accounting import account_model
 from .allocation import METHODS, allocate, random_allocations, top_k_layers
@@ -30,7 +32,7 @@ from .analysis import (
 )
 from .budget import default_levels, levels_for, num_high_layers
 from .command_arguments import build_parser
-from .coverage_profile import CoverageProfileSettings, coverage_benefit_profile, pair_benefits
+from .coverage_profile import CoverageProfileSettings, coverage_benefit_profile, pair_benefits, profile_specs
 from .fidelity import coverage_fidelity, format_fidelity, phase_off_fidelity
 from .phase_off_profile import measure_phase_off_profile, train_reference
 from .profile import LayerProfile
@@ -108,10 +110,26 @@ def _profile(args) -> None:
         )
         levels = _levels(args, shape)
         num_high_layers(shape.n_layer, levels)  # fail early on an infeasible budget
+        if args.plan:
+            runs = planned_runs(profile_specs(config, levels, settings, _runs_dir(args)), 1)
+            print_plan(
+                f"coverage profile of {config.path}", runs, config.path, args.accelerator, args.step_time
+            )
+            return
         started = time.perf_counter()
         profile = coverage_benefit_profile(
-            config, levels, settings, _runs_dir(args), args.accelerator, workers=args.workers
+            config,
+            levels,
+            settings,
+            _runs_dir(args),
+            args.accelerator,
+            workers=args.workers,
+            shard=Shard.parse(args.shard),
+            runs_per_gpu=args.runs_per_gpu or 1,
         )
+        if profile is None:
+            print(f"shard done; the last shard to finish writes {args.out}")
+            return
         profile.meta["command_wall_s"] = time.perf_counter() - started
         profile.save(args.out)
         _print_profile(profile)

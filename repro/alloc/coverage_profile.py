@@ -19,6 +19,7 @@ from typing import Literal
 
 from repro.runs import Progress, RunResult, RunSpec, train_all
 from repro.runs.model_config import ModelConfig
+from repro.runs.shards import Shard, finished_results
 
 from .budget import BudgetLevels, level_to_width
 from .profile import LayerProfile
@@ -193,13 +194,23 @@ def coverage_benefit_profile(
     workers: int = 1,
     cache_dir: str | None = None,
     quiet: bool = False,
-) -> LayerProfile:
-    """Measure the coverage-benefit profile of the config's model (L + 1 runs per seed, or fewer with groups)."""
+    shard: Shard | None = None,
+    runs_per_gpu: int = 1,
+) -> LayerProfile | None:
+    """Measure the coverage-benefit profile of the config's model (L + 1 runs per seed, or fewer
+    with groups). With ``shard``, train that shard's runs; the profile comes back (and is written
+    by the caller) only from the shard that finds every run finished."""
     datamodule = config.datamodule(**({"cache_dir": cache_dir} if cache_dir else {}))
     datamodule.setup("fit")  # the tokenizer and token caches, once, before any worker starts
     specs = profile_specs(config, levels, settings, folder)
-    progress = Progress("coverage", len(specs), sum(s.steps for s in specs), workers, quiet=quiet)
-    results = train_all(specs, accelerator, workers, cache_dir, progress)
+    mine = shard.select(specs) if shard else specs
+    progress = Progress("coverage", len(mine), sum(s.steps for s in mine), workers, quiet=quiet)
+    results = train_all(mine, accelerator, workers, cache_dir, progress, runs_per_gpu)
+    if shard:
+        results, missing = finished_results(specs)
+        if missing:
+            progress.note(f"shard {shard} done; {len(missing)} runs of other shards are not finished")
+            return None
     profile = profile_from_results(
         config, levels, settings, {s.name: results[s.key] for s in specs}, folder, datamodule.vocab_size
     )

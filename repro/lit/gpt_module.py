@@ -10,6 +10,7 @@ from typing import Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torchmetrics import MeanMetric
 
 from repro.models import GPTConfig
@@ -31,6 +32,7 @@ class OptimConfig:
     schedule: Literal["cosine", "constant"] = "cosine"  # after warmup: cosine decay, or constant lr
     decay_steps: int | None = None  # steps of warmup + decay; None = the trainer's estimated total steps
     min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    fused: bool | None = None  # fused optimizer kernel (one launch for all parameters); None = on CUDA only
 
     def __post_init__(self) -> None:
         if self.name not in ("adamw", "sgd"):
@@ -52,6 +54,8 @@ class OptimConfig:
             raise ValueError(f"optim.decay_steps={self.decay_steps!r}: must be a positive integer or null")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"optim.min_lr_ratio={self.min_lr_ratio!r}: must be in [0, 1]")
+        if self.fused not in (None, True, False):
+            raise ValueError(f"optim.fused={self.fused!r}: must be true, false or null (= on CUDA only)")
 
 
 class MeanExp(MeanMetric):
@@ -74,6 +78,30 @@ def lr_multiplier(
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+NONFINITE_CHECKS = ("auto", "every_step", "deferred")
+
+
+class DeferredCheck:
+    """Non-finite losses found without a host synchronisation: the step's flag goes to the fused
+    optimizer's ``found_inf`` (it then leaves weights and state as they were), and two device
+    counters keep how many steps were non-finite and the first of them."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+        self.found_inf = torch.zeros((), device=device)  # read by the fused optimizer step
+        optimizer.found_inf = self.found_inf
+        self.count = torch.zeros((), dtype=torch.long, device=device)
+        self.first = torch.full((), -1, dtype=torch.long, device=device)
+
+    def record(self, loss: torch.Tensor, step: int) -> None:
+        bad = ~torch.isfinite(loss.detach())
+        self.found_inf.copy_(bad)
+        self.count.add_(bad)
+        self.first.copy_(torch.where(bad & (self.first < 0), step, self.first))
+
+    def read(self) -> tuple[int, int]:
+        return int(self.count), int(self.first)
+
+
 class GPTLightningModule(L.LightningModule):
     """A GPT with per-layer RoPE widths, trained on next-token prediction.
 
@@ -83,6 +111,13 @@ class GPTLightningModule(L.LightningModule):
         init_checkpoint: Fine-tune: start ``fit`` from this checkpoint's weights (same architecture).
         nonfinite: A NaN or inf training loss: 'raise' (stop, naming the step) or 'skip' the step's
             update. (With strategy='clapping' the strategy's own ``nonfinite`` option applies.)
+        nonfinite_check: When the loss is checked: 'every_step' (the host reads it each step: a
+            synchronisation), 'deferred' (no synchronisation: the fused optimizer skips a non-finite
+            step on the device, and the host reads the counters every ``log_every_n_steps`` steps and at
+            the end, then raises or warns naming the first such step), or 'auto' (deferred with a fused
+            optimizer on CUDA, every_step otherwise).
+        compile: ``torch.compile`` the model: false, true (the inductor backend) or a backend name
+            ('inductor', 'aot_eager', ...). Weights and checkpoints are those of the plain model.
     """
 
     def __init__(
@@ -91,11 +126,24 @@ class GPTLightningModule(L.LightningModule):
         optim: OptimConfig | None = None,
         nonfinite: Literal["raise", "skip"] = "raise",
         init_checkpoint: str | None = None,
+        nonfinite_check: Literal["auto", "every_step", "deferred"] = "auto",
+        compile: bool | str = False,
     ) -> None:
         super().__init__()
         if nonfinite not in ("raise", "skip"):
             raise ValueError(f"model.nonfinite={nonfinite!r}: allowed values are ('raise', 'skip')")
+        if nonfinite_check not in NONFINITE_CHECKS:
+            raise ValueError(
+                f"model.nonfinite_check={nonfinite_check!r}: allowed values are {NONFINITE_CHECKS}"
+            )
+        if not isinstance(compile, (bool, str)) or compile == "":
+            raise ValueError(
+                f"model.compile={compile!r}: allowed false, true or a torch.compile backend name"
+            )
         self.nonfinite = nonfinite
+        self.nonfinite_check = nonfinite_check
+        self.compile_backend = ("inductor" if compile is True else compile) or None
+        self.deferred = None  # the counters of a deferred check, once the optimizer exists
         self.init_checkpoint = init_checkpoint
         self.skipped_steps = 0
         # load_from_checkpoint passes the saved hyperparameters back as plain dicts
@@ -105,6 +153,8 @@ class GPTLightningModule(L.LightningModule):
         self.optim_config = optim or OptimConfig()
         self.save_hyperparameters({"gpt": asdict(gpt), "optim": asdict(self.optim_config)})
         self.model = GPT(gpt)
+        if self.compile_backend:
+            self.model.compile(backend=self.compile_backend)  # in place: parameter names unchanged
         self.eval_loss = MeanMetric()  # token-weighted mean next-token loss of an evaluation
         self.eval_ppl = MeanExp()  # exp of that mean: the perplexity
 
@@ -129,7 +179,13 @@ class GPTLightningModule(L.LightningModule):
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor | None:
         _, loss = self.model(batch["input_ids"], batch["targets"])
-        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        # on the progress bar only when there is one: Lightning reads progress-bar values on the
+        # host after every batch (a synchronisation); logged values are read every log_every_n_steps
+        shown = self._trainer is not None and self.trainer.progress_bar_callback is not None
+        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=shown)
+        if self.deferred is not None:
+            self.deferred.record(loss, self.global_step)
+            return loss
         if not bool(torch.isfinite(loss)):
             if self.nonfinite == "raise":
                 raise FloatingPointError(
@@ -139,6 +195,29 @@ class GPTLightningModule(L.LightningModule):
             self.skipped_steps += 1
             return None  # Lightning skips the backward pass and the optimizer step
         return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        every = self.trainer.log_every_n_steps if self._trainer is not None else 0
+        if self.deferred is not None and every and self.global_step % every == 0:
+            self._read_deferred()
+
+    def on_train_end(self) -> None:
+        if self.deferred is not None:
+            self._read_deferred()
+
+    def _read_deferred(self) -> None:
+        """The host reads the deferred counters: raise, or count and warn, naming the first step."""
+        count, first = self.deferred.read()
+        if count <= self.skipped_steps:
+            return
+        if self.nonfinite == "raise":
+            raise FloatingPointError(
+                f"non-finite training loss at training step {first} ({count} such step(s) by step "
+                f"{self.global_step}); the fused optimizer did not apply them, training stopped at this check "
+                f"(set model.nonfinite='skip' to skip such steps)"
+            )
+        self.skipped_steps = count
+        rank_zero_warn(f"skipped {count} training step(s) with a non-finite loss, the first at step {first}")
 
     def record_eval_loss(self, split: str, loss: torch.Tensor, n_tokens: int) -> None:
         """Log a batch's mean next-token loss over ``n_tokens`` tokens as ``<split>/loss``, and the
@@ -170,10 +249,23 @@ class GPTLightningModule(L.LightningModule):
             {"params": decay, "weight_decay": cfg.weight_decay},
             {"params": no_decay, "weight_decay": 0.0},
         ]
+        device = next(self.model.parameters()).device
+        fused = cfg.fused if cfg.fused is not None else device.type == "cuda"
         if cfg.name == "sgd":
-            optimizer = torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
+            optimizer = torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, fused=fused or None)
         else:
-            optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+            optimizer = torch.optim.AdamW(
+                groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused or None
+            )
+        deferred = self.nonfinite_check == "deferred" or (
+            self.nonfinite_check == "auto" and fused and device.type == "cuda"
+        )
+        if deferred and not fused:
+            raise ValueError(
+                "model.nonfinite_check='deferred' needs a fused optimizer (optim.fused: true, or null on CUDA): "
+                "it skips a non-finite step on the device"
+            )
+        self.deferred = DeferredCheck(optimizer, device) if deferred else None
         total = cfg.decay_steps
         if total is None:
             total = int(self.trainer.estimated_stepping_batches) if self._trainer is not None else 1

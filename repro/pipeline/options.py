@@ -42,6 +42,7 @@ class PipelineOptions:
     nonfinite: str = "raise"  # NaN/inf in a message or loss: 'raise' (stop, naming where), 'skip' the update
     process_group_backend: str | None = None  # 'gloo' or 'nccl'; None = gloo on CPU, nccl on CUDA
     start_method: str = "popen"  # how ranks start: 'popen' (CLI, torchrun, SLURM), 'spawn' or 'fork'
+    compile: bool | str = False  # torch.compile each stage module: false, true (inductor), a backend
     fwd: Compressor = field(init=False, repr=False, compare=False)  # built from fwd_compressor
     bwd: Compressor = field(init=False, repr=False, compare=False)  # built from bwd_compressor
 
@@ -106,6 +107,10 @@ class PipelineOptions:
             )
         if self.start_method not in START_METHODS:
             raise ValueError(f"strategy start_method={self.start_method!r}: allowed {START_METHODS}")
+        if not isinstance(self.compile, (bool, str)) or self.compile == "":
+            raise ValueError(
+                f"strategy compile={self.compile!r}: allowed false, true or a torch.compile backend name"
+            )
         if (
             isinstance(self.timeout_s, bool)
             or not isinstance(self.timeout_s, (int, float))

@@ -83,6 +83,9 @@ class RunRecorder(L.Callback):
                 self.bytes.append(float(sent))
 
     def on_train_end(self, trainer, pl_module) -> None:
+        flush = getattr(trainer.strategy, "flush_statistics", None)
+        if callable(flush):  # a pipeline reduces its statistics only when they are read
+            flush()
         if self.spec.save_checkpoint:
             trainer.save_checkpoint(checkpoint_path(self.spec))  # a collective on pipeline runs
         summary = getattr(trainer.strategy, "run_summary", None)

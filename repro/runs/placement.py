@@ -58,15 +58,22 @@ def single_run_slots(
     return [Slot("gpu", (i % gpus,), max(1, cores // n)) for i in range(n)]
 
 
-def pipeline_slot(
+def pipeline_slots(
     accelerator: str, stages: int, cores: int | None = None, gpus: int | None = None
-) -> tuple[Slot, str]:
-    """The slot of a pipeline run of ``stages`` processes, and its process-group backend."""
+) -> tuple[list[Slot], str]:
+    """The slots of pipeline runs of ``stages`` processes, and their process-group backend.
+
+    CPU: one slot, the machine. GPU: one slot per ``stages`` GPUs (one stage per GPU, NCCL), so a
+    node of G GPUs trains G // stages such runs side by side; with fewer GPUs than stages, one run
+    at a time whose stages share the GPUs over gloo."""
+    if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
+        raise ValueError(f"stages={stages!r}: must be a positive integer")
     cores = cores or os.cpu_count() or 1
-    threads = max(1, cores // stages)
     if accelerator == "cpu":
-        return Slot("cpu", (), threads), "gloo"
+        return [Slot("cpu", (), max(1, cores // stages))], "gloo"
     gpus = torch.cuda.device_count() if gpus is None else gpus
     if gpus >= stages:
-        return Slot("gpu", tuple(range(stages)), threads), "nccl"
-    return Slot("gpu", tuple(i % gpus for i in range(stages)), threads), "gloo"
+        runs = gpus // stages
+        threads = max(1, cores // (runs * stages))
+        return [Slot("gpu", tuple(range(r * stages, (r + 1) * stages)), threads) for r in range(runs)], "nccl"
+    return [Slot("gpu", tuple(i % gpus for i in range(stages)), max(1, cores // stages))], "gloo"

@@ -1,10 +1,12 @@
 """Train many runs: finished ones are reused, the others are trained on the slots of the machine
 (``placement``), one progress line each.
 
-Single-process runs go to worker processes (spawned, so each has a clean torch; one per slot)
-when there is more than one slot; pipeline runs are trained one after another by the main
-process, each taking the machine for its K stage processes. Every run writes its own result file
-when it ends, so an interrupted experiment resumes where it stopped.
+Runs go to worker processes (spawned, so each has a clean torch; one per slot) when there is
+more than one slot: single-process runs take one CPU share or one GPU share each (``runs_per_gpu``
+per GPU), pipeline runs of K stages take K GPUs each. With one slot they are trained one after
+another by the main process (a pipeline run on CPU takes the machine for its K stage processes).
+Every run writes its own result file when it ends, so an interrupted experiment resumes where it
+stopped.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from contextlib import contextmanager
 
 from .build import quiet_lightning, train_run
 from .interrupts import stop_if_interrupted
-from .placement import Slot, check_accelerator, pipeline_slot, single_run_slots
+from .placement import Slot, check_accelerator, pipeline_slots, single_run_slots
 from .spec import RunSpec
 from .store import RunResult, load_finished
 
@@ -93,8 +95,8 @@ def _worker_init(cache_dir: str | None) -> None:
     _WORKER["cache_dir"] = cache_dir
 
 
-def _worker_train(spec: RunSpec, slot: Slot, fingerprint: str) -> RunResult:
-    return train_run(spec, slot, _WORKER["cache_dir"], fingerprint=fingerprint)
+def _worker_train(spec: RunSpec, slot: Slot, fingerprint: str, backend: str | None) -> RunResult:
+    return train_run(spec, slot, _WORKER["cache_dir"], backend, fingerprint)
 
 
 class SlotPool:
@@ -169,10 +171,15 @@ def train_all(
         for spec, fingerprint in singles:
             stop_if_interrupted()
             finish(spec, train_run(spec, slots[0], cache_dir, fingerprint=fingerprint))
-    for spec, fingerprint in pipelines:
-        stop_if_interrupted()  # a Ctrl-C lost during a fork still ends the experiment here
-        slot, backend = pipeline_slot(accelerator, spec.stages)
-        finish(spec, train_run(spec, slot, cache_dir, backend, fingerprint))
+    for stages in sorted({s.stages for s, _ in pipelines}):
+        group = [(s, f) for s, f in pipelines if s.stages == stages]
+        pipe_slots, backend = pipeline_slots(accelerator, stages)
+        if len(pipe_slots) > 1 and len(group) > 1:
+            _train_in_workers(group, SlotPool(pipe_slots), cache_dir, finish, backend)
+            continue
+        for spec, fingerprint in group:
+            stop_if_interrupted()  # a Ctrl-C lost during a fork still ends the experiment here
+            finish(spec, train_run(spec, pipe_slots[0], cache_dir, backend, fingerprint))
     return {key: results[key] for key in keys}
 
 
@@ -181,6 +188,7 @@ def _train_in_workers(
     slots: SlotPool,
     cache_dir: str | None,
     finish: Callable[[RunSpec, RunResult], None],
+    backend: str | None = None,
 ) -> None:
     """Each slot runs one job at a time in a spawned process. A failed run gives its slot back and
     the others go on; the failures are raised together at the end, naming the runs."""
@@ -197,7 +205,10 @@ def _train_in_workers(
             while todo and slots.free:
                 spec, fingerprint = todo.pop(0)
                 slot = slots.acquire()
-                running[pool.submit(_worker_train, spec, slots.slots[slot], fingerprint)] = (spec, slot)
+                running[pool.submit(_worker_train, spec, slots.slots[slot], fingerprint, backend)] = (
+                    spec,
+                    slot,
+                )
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
                 spec, slot = running.pop(future)

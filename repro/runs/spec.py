@@ -57,9 +57,7 @@ class RunSpec:
     pipeline: tuple[tuple[str, Any], ...] = ()  # ClappingStrategy options; empty = one process
     stages: int = 1  # processes of a pipeline run (one per stage); 1 = a single-process run
     save_checkpoint: bool = False  # also write <folder>/<name>.ckpt at the end
-    checkpoint_every: int = (
-        0  # also write <folder>/<name>-step<k>.ckpt every k steps before the end (0 = never)
-    )
+    checkpoint_every: int = 0  # also write <folder>/<name>-step<k>.ckpt every k steps (0 = never)
     label: str = field(default="", compare=False)  # how progress lines name the run (default: the name)
 
     @staticmethod

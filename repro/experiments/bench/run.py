@@ -20,6 +20,7 @@ from repro.files import write_json_atomic, write_text_atomic
 from repro.runs.build import VERBOSE_ENV, quiet_lightning
 from repro.runs.provenance import git_commit, machine, now
 
+from .compile_section import bench_compile
 from .compressor_bench import bench_compressors
 from .measure import all_finite
 from .memory_bench import bench_memory
@@ -45,6 +46,7 @@ def run_bench(s: BenchSettings, out: Path, quiet: bool = False) -> dict[str, Any
     sections: dict[str, Callable[[], list[dict[str, Any]]]] = {
         "lightning": lambda: bench_lightning(s, progress),
         "rope": lambda: bench_rope(s, progress),
+        "compile": lambda: bench_compile(s, progress),
         "pipeline": lambda: bench_pipeline(s, progress, store),
         "compressors": lambda: bench_compressors(s, progress),
         "network": lambda: bench_network(s, progress),
@@ -110,6 +112,13 @@ def _note(r: dict[str, Any]) -> str:
         return f"analytical {_fmt(r['analytical_bytes'], 'bytes')}"
     if sec == "rope":
         return f"{r['params']:,} params"
+    if sec == "compile":
+        out = f"{r['device']}: {r['step_s'] * 1e3:.1f} ms/step, {r['tflops_per_s']:.1f} TFLOP/s"
+        if r.get("mfu") is not None:
+            out += f" (MFU {100 * r['mfu']:.0f}%)"
+        if r["peak_memory_bytes"]:
+            out += f", peak {r['peak_memory_bytes'] / 2**30:.1f} GiB"
+        return out + f"; first {r['warmup_s']:.0f} s untimed"
     return ""
 
 

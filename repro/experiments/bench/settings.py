@@ -2,7 +2,8 @@
 read by the engine's settings loader.
 
 ``full`` is the default ``make bench`` (about 10 minutes on a 2-core CPU); ``quick`` is the
-subset the tests run (under 2 minutes): the same sections on a smaller model, fewer repeats.
+subset the tests run (under 2 minutes): the same sections on a smaller model, fewer repeats;
+``gpu`` is ``make bench-gpu``: the compile section alone on the paper configs (a CUDA machine).
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from typing import Any, Literal
 
 from repro.pipeline.codecs import METHODS
 from repro.pipeline.compressors import build_compressor
+from repro.runs.settings import ConfigPath, shipped_settings
 from repro.runs.settings import load_settings as load_settings_file
-from repro.runs.settings import shipped_settings
 
-PRESETS = ("full", "quick")
-SECTIONS = ("lightning", "rope", "pipeline", "compressors", "network", "memory", "scale")
+PRESETS = ("full", "quick", "gpu")
+SECTIONS = ("lightning", "rope", "compile", "pipeline", "compressors", "network", "memory", "scale")
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ MESSAGE_SHAPES = ((4, 128, 128), (4, 512, 512), (4, 1024, 768))
 
 @dataclass(frozen=True)
 class BenchSettings:
-    preset: Literal["full", "quick"]  # the name written into bench.json
+    preset: Literal["full", "quick", "gpu"]  # the name written into bench.json
     n_layer: int = 12  # GPT layers (divisible by every entry of stages)
     n_embd: int = 128  # hidden width
     n_head: int = 4  # attention heads
@@ -78,6 +79,11 @@ class BenchSettings:
     compressor_shapes: tuple[tuple[int, ...], ...] = MESSAGE_SHAPES  # message shapes (micro-batch, T, d)
     compressor_repeats: int = 5  # timed compress+decompress calls per compressor and shape
     memory_sizes: tuple[int, ...] = (1000, 4000, 16000)  # dataset sizes N of the buffer-memory curve
+    cpu_configs: tuple[ConfigPath, ...] = ()  # compile section on a CPU: model configs timed (fp32)
+    gpu_configs: tuple[ConfigPath, ...] = ()  # compile section on CUDA: model configs timed (bf16-mixed)
+    compile_backend: str = "inductor"  # compile section: torch.compile backend of the compiled rows
+    compile_warmup_steps: int = 10  # compile section: untimed steps first (compilation happens here)
+    compile_timed_steps: int = 30  # compile section: timed steps per path and model
     sections: tuple[str, ...] = SECTIONS  # which sections run
     path: str = field(default="", compare=False)  # the YAML these settings came from
 
@@ -102,6 +108,8 @@ class BenchSettings:
             "seq_stages",
             "network_stages",
             "compressor_repeats",
+            "compile_warmup_steps",
+            "compile_timed_steps",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

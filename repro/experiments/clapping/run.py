@@ -16,17 +16,21 @@ import argparse
 import os
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from repro.dataclass_docs import fields_help
 from repro.pipeline.memory import buffer_memory_points
 from repro.runs import Progress, RunResult, check_accelerator, train_all
+from repro.runs.budget import planned_runs, print_plan
 from repro.runs.build import VERBOSE_ENV, quiet_lightning
 from repro.runs.interrupts import remember_interrupts, stop_if_interrupted
 from repro.runs.model_config import load_model_config
 from repro.runs.provenance import display_path
+from repro.runs.scale_args import add_scale_args
+from repro.runs.shards import Shard, finished_results, wait_for
 
 from .plan import ClappingRow, base_spec, finetune_data, grid
 from .quantizer_error import quantizer_error_table
@@ -75,8 +79,15 @@ def measure_memory(
 
 
 def run_clapping(
-    settings: ClappingSettings, out: Path, cache_dir: str | None = None, quiet: bool = False
-) -> dict[str, Any]:
+    settings: ClappingSettings,
+    out: Path,
+    cache_dir: str | None = None,
+    quiet: bool = False,
+    shard: Shard | None = None,
+    runs_per_gpu: int = 1,
+) -> dict[str, Any] | None:
+    """Train (or reuse) every run and write the table; returns the report, or None for a shard
+    whose peers are not done (the last shard to finish writes the table)."""
     check_accelerator(settings.accelerator)
     config = load_model_config(settings.model)
     config.check_trainable_by_experiment("clapping model")
@@ -99,14 +110,37 @@ def run_clapping(
     jobs = grid(settings, runs_dir, base)
     start = time.perf_counter()
     specs = ([base] if base else []) + [s for _, s in jobs]
-    progress = Progress("clapping", len(specs), sum(s.steps for s in specs), 1, quiet)
+    mine = shard.select(specs) if shard else specs
+    progress = Progress(
+        f"clapping {shard}" if shard else "clapping", len(mine), sum(s.steps for s in mine), 1, quiet
+    )
     progress.note(
         f"scale {settings.scale}: {len(jobs)} runs at K={settings.stages} ({', '.join(settings.regimes)}; "
-        f"N = {', '.join(f'{r} {n}' for r, n in sizes.items())})" + ("; the base model first" if base else "")
+        f"N = {', '.join(f'{r} {n}' for r, n in sizes.items())})"
+        + (f"; this shard ({shard}) trains {len(mine)}" if shard else "")
+        + ("; the base model first" if base else "")
+    )
+    train = partial(
+        train_all,
+        accelerator=settings.accelerator,
+        cache_dir=cache_dir,
+        progress=progress,
+        runs_per_gpu=runs_per_gpu,
     )
     with remember_interrupts():
-        results = train_all(specs, settings.accelerator, 1, cache_dir, progress)
+        results = train([base] if base in mine else [])
+        if base and shard:  # every row starts from the base model: wait for the shard that trains it
+            results = wait_for([base], progress.note)
+        results.update(train([s for s in mine if s != base]))
         stop_if_interrupted()
+    if shard:
+        results, missing = finished_results(specs)
+        if missing:
+            progress.note(
+                f"shard {shard} done; {len(missing)} runs of other shards are not finished: the last shard "
+                "to finish writes the table"
+            )
+            return None
     records = [run_record(row, results[spec.key], runs_dir) for row, spec in jobs]
     base_record = quantizer_errors = None
     if base:
@@ -167,8 +201,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--cache-dir", default=None, help="tokenizer and token cache (default: the config's data.cache_dir)"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    add_scale_args(parser, "one run of the grid (all K stages; the run holds K GPUs)", "the table")
     parser.add_argument("-v", "--verbose", action="store_true", help="show Lightning's own lines too")
     return parser
+
+
+def print_clapping_plan(settings: ClappingSettings, out: Path, step_time: float | None) -> None:
+    """The runs (the base, then the grid: K GPUs each), steps, tokens and GPU-hours, without training."""
+    base = base_spec(settings, out) if "finetune" in settings.regimes else None
+    jobs = [spec for _, spec in grid(settings, out / "runs", base)]
+    runs = (planned_runs([base], 1) if base else []) + [
+        replace(r, gpus=settings.stages) for r in planned_runs(jobs, 2)
+    ]
+    print_plan(f"clapping {settings.scale}", runs, str(settings.model), settings.accelerator, step_time)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,10 +232,18 @@ def main(argv: list[str] | None = None) -> int:
             seeds=tuple(args.seeds) if args.seeds else None,
             accelerator=args.accelerator,
         )
-        report = run_clapping(settings, Path(args.out), args.cache_dir, args.quiet)
-    except (ValueError, FileNotFoundError) as exc:
+        if args.plan:
+            print_clapping_plan(settings, Path(args.out), args.step_time)
+            return 0
+        shard = Shard.parse(args.shard)
+        report = run_clapping(
+            settings, Path(args.out), args.cache_dir, args.quiet, shard, args.runs_per_gpu or 1
+        )
+    except (ValueError, FileNotFoundError, TimeoutError) as exc:
         print(f"repro clapping: error: {exc}", file=sys.stderr)
         return 2
+    if report is None:
+        return 0
     print((Path(args.out) / "clapping_table.md").read_text())
     print(
         f"[clapping] {report['trained_runs']} runs trained, {report['total_runs'] - report['trained_runs']} reused; "

@@ -75,10 +75,7 @@ class ClappingSettings:
     finetune: Grid  # the rows of the fine-tune regime
     from_scratch: Grid  # the rows of the from-scratch ablation
     regimes: tuple[str, ...] = REGIMES  # which regimes run
-    finetune_documents: tuple[str, ...] = (
-        "hamlet",
-        "macbeth",
-    )  # held back from pretraining; rows fine-tune on them
+    finetune_documents: tuple[str, ...] = ("hamlet", "macbeth")  # kept from pretraining; rows tune on them
     finetune_blocks: int | None = 320  # N: fine-tune training blocks (evenly spaced); None = all
     finetune_lr: float = 3e-4  # peak learning rate of the fine-tune rows
     finetune_warmup_steps: int = 5  # linear warm-up of the fine-tune rows

@@ -15,6 +15,13 @@ Every run is a run of the engine (``repro.runs``): its result JSON and TensorBoa
 continues where it stopped. The table (md, csv, json) is written atomically at the end.
 
     repro table1 --scale cpu [--seeds 0 1 2] [--steps N] [--workers W] [--out results/table1]
+    repro table1 --scale paper --plan [--step-time S]       # runs, tokens, GPU-hours; trains nothing
+    repro table1 --scale gpu --shard 3/8 [--stage profiles|rows|all]   # one of 8 machines
+
+Sharding: every shard computes the same plan and trains its part of each stage into the shared
+``--out`` folder; stage 2 needs all of stage 1 (a shard waits for it under ``--stage all``, or
+run ``--stage profiles`` then ``--stage rows`` as two dependent job arrays). The last shard to
+finish writes the table.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import argparse
 import os
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -35,7 +43,10 @@ from repro.dataclass_docs import fields_help
 from repro.runs import Progress, RunResult, check_accelerator, train_all
 from repro.runs.build import VERBOSE_ENV, quiet_lightning
 from repro.runs.interrupts import remember_interrupts
+from repro.runs.scale_args import add_scale_args
+from repro.runs.shards import Shard, finished_results, wait_for
 
+from .cost import print_table1_plan
 from .float_spread import float_spread
 from .plan import (
     ROW_METHODS,
@@ -53,6 +64,8 @@ from .results import ArchOutcome
 from .settings import SCALES, Table1Settings, load_table1_settings, settings_path
 from .table_files import write_table
 
+STAGES = ("all", "profiles", "rows")
+
 
 def run_table1(
     settings: Table1Settings,
@@ -60,9 +73,17 @@ def run_table1(
     cache_dir: str | None = None,
     quiet: bool = False,
     with_float_spread: bool = False,
-) -> dict:
-    """Run (or resume) the whole Table 1 pipeline and write the table; returns the table document."""
+    shard: Shard | None = None,
+    stage: str = "all",
+) -> dict | None:
+    """Run (or resume) the Table 1 pipeline and write the table; returns the table document, or
+    None when this call does not write it (``stage='profiles'``, or a shard whose peers are not
+    done: the last shard to finish writes it)."""
     started = time.perf_counter()
+    if stage not in STAGES:
+        raise ValueError(f"--stage {stage!r}: allowed {STAGES}")
+    if with_float_spread and shard is not None:
+        raise ValueError("--float-spread runs in one process: give it without --shard")
     check_accelerator(settings.accelerator)
     plans = [make_plan(settings, arch, out) for arch in settings.architectures]
     vocab = {}
@@ -72,98 +93,68 @@ def run_table1(
         vocab[plan.arch] = dm.vocab_size
 
     stage1 = [spec for plan in plans for spec in stage1_specs(plan, settings)]
+    mine1 = shard.select(stage1) if shard else stage1
     estimate = sum(len(plan_rows_estimate(settings)) for _ in plans) * len(settings.seeds)
+    first = mine1 if stage != "rows" else []
+    later = round(estimate / shard.count) if shard else estimate
+    later = later if stage != "profiles" else 0
     progress = Progress(
-        "table1",
-        len(stage1) + estimate,
-        sum(s.steps for s in stage1) + estimate * settings.steps,
-        settings.workers if settings.accelerator == "cpu" else 1,
+        f"table1 {shard}" if shard else "table1",
+        len(first) + later,
+        sum(s.steps for s in first) + later * settings.steps,
+        settings.workers if settings.accelerator == "cpu" else settings.runs_per_gpu * max(1, _gpus()),
         quiet,
     )
-    progress.note(
-        f"scale {settings.scale}: stage 1 of 2, {len(stage1)} profile and reference runs "
-        f"({', '.join(settings.architectures)}); about {estimate} row runs follow"
+    train = partial(
+        train_all,
+        accelerator=settings.accelerator,
+        workers=settings.workers,
+        cache_dir=cache_dir,
+        progress=progress,
+        runs_per_gpu=settings.runs_per_gpu,
     )
     with remember_interrupts():
-        results = train_all(stage1, settings.accelerator, settings.workers, cache_dir, progress)
+        if stage != "rows":
+            progress.note(
+                f"scale {settings.scale}: stage 1 of 2, {len(mine1)} profile and reference runs "
+                f"({', '.join(settings.architectures)}){f' of {len(stage1)} (shard {shard})' if shard else ''}"
+                + ("" if stage == "profiles" else f"; about {estimate} row runs follow")
+            )
+            results = train(mine1)
+            if stage == "profiles":
+                progress.note(f"stage 1 done ({len(mine1)} runs); the rows: --stage rows")
+                return None
+        if shard is not None and stage == "all":
+            results = wait_for(stage1, progress.note)
+        elif shard is not None or stage == "rows":
+            results, missing = finished_results(stage1)
+            if missing:
+                raise ValueError(
+                    f"--stage rows needs every stage-1 run, {len(missing)} are not finished in {out} "
+                    f"(e.g. {missing[0].display}): run --stage profiles first"
+                )
         progress.note("stage 1 done: profiles, transfer, phase-off profile and allocations")
-        device = "cuda" if settings.accelerator == "gpu" and torch.cuda.is_available() else "cpu"
-        staged = []
-        stage2 = []
-        for plan in plans:
-            benefit = profile_from_results(
-                plan.target,
-                plan.levels,
-                plan.profile,
-                _by_name(results, plan.profile_specs("target")),
-                plan.profile_dir("target"),
-                vocab[plan.arch],
-            )
-            source = profile_from_results(
-                plan.source,
-                plan.levels,
-                plan.profile,
-                _by_name(results, plan.profile_specs("source")),
-                plan.profile_dir("source"),
-                vocab[plan.arch],
-            )
-            transferred = transfer_profile(
-                source,
-                plan.shape.n_layer,
-                settings.transfer_method,
-                plan.target.gpt_config(vocab[plan.arch]).to_dict(),
-                source_path=str(plan.profiles_dir / "coverage_source.json"),
-            )
-            reference = results[plan.row_spec(plan.reference_widths, settings.seeds[0], reference=True).key]
-            phase_off = measure_phase_off_profile(
-                plan.target, reference.checkpoint, cache_dir=cache_dir, device=device
-            )
-            for name, profile in (
-                ("coverage_target", benefit),
-                ("coverage_source", source),
-                ("transferred", transferred),
-                ("phase_off_target", phase_off),
-            ):
-                profile.save(plan.profiles_dir / f"{name}.json")
-            allocations = row_allocations(plan, settings, benefit, transferred, phase_off)
-            sweep = sweep_allocations(plan, settings, benefit)
-            pairs = interaction_pairs(settings, benefit)
-            staged.append((plan, benefit, source, transferred, phase_off, allocations, sweep, pairs))
-            stage2 += stage2_specs(plan, settings, allocations, sweep, benefit, pairs)
+        staged, stage2 = _allocate(plans, settings, results, vocab, cache_dir)
         done = {s.key for s in stage1}
         stage2 = [s for s in stage2 if s.key not in done]  # the reference is already trained
-        progress.extend(len(stage2) - estimate, sum(s.steps for s in stage2) - estimate * settings.steps)
+        mine2 = shard.select(stage2) if shard else stage2
+        progress.extend(len(mine2) - later, sum(s.steps for s in mine2) - later * settings.steps)
         progress.note(
-            f"stage 2 of 2: {len(stage2)} runs (every row x {len(settings.seeds)} seeds, interaction pairs, "
-            f"extra budgets)"
+            f"stage 2 of 2: {len(mine2)} runs{f' of {len(stage2)} (shard {shard})' if shard else ''} (every row x "
+            f"{len(settings.seeds)} seeds, interaction pairs, extra budgets)"
         )
-        results.update(train_all(stage2, settings.accelerator, settings.workers, cache_dir, progress))
-
-    outcomes = []
-    for plan, benefit, source, transferred, phase_off, allocations, sweep, pairs in staged:
-        runs = {
-            widths_name(a.widths, seed): results[plan.row_spec(a.widths, seed).key]
-            for a in allocations + sweep
-            for seed in seeds_of(a, settings)
-        }
-        pair_runs = {s.name: results[s.key] for s in plan.profile_specs("target")}
-        pair_runs.update(
-            {s.name: results[s.key] for s in stage2_specs(plan, settings, [], [], benefit, pairs)}
-        )
-        measured = pair_benefits_from_results(benefit, pairs, pair_runs) if pairs else {}
-        outcomes.append(
-            ArchOutcome(
-                plan,
-                benefit,
-                source,
-                transferred,
-                phase_off,
-                tuple(allocations),
-                tuple(sweep),
-                runs,
-                tuple(interaction_terms(benefit.values, measured)),
+        results.update(train(mine2))
+    if shard is not None:
+        found, missing = finished_results(stage1 + stage2)
+        if missing:
+            progress.note(
+                f"shard {shard} done; {len(missing)} runs of other shards are not finished: the last shard "
+                "to finish writes the table"
             )
-        )
+            return None
+        results = found
+
+    outcomes = [_outcome(settings, results, *entry) for entry in staged]
     spread = None
     if with_float_spread:
         progress.note("float spread: the uniform row again under other kernels and thread counts")
@@ -184,6 +175,79 @@ def run_table1(
         f"({progress.trained} runs trained, {progress.done - progress.trained} reused)"
     )
     return doc
+
+
+def _gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _allocate(plans, settings: Table1Settings, results: dict[str, RunResult], vocab, cache_dir):
+    """From the stage-1 results: the profiles (saved), the allocations, and the stage-2 runs."""
+    device = "cuda" if settings.accelerator == "gpu" and torch.cuda.is_available() else "cpu"
+    staged, stage2 = [], []
+    for plan in plans:
+        benefit = profile_from_results(
+            plan.target,
+            plan.levels,
+            plan.profile,
+            _by_name(results, plan.profile_specs("target")),
+            plan.profile_dir("target"),
+            vocab[plan.arch],
+        )
+        source = profile_from_results(
+            plan.source,
+            plan.levels,
+            plan.profile,
+            _by_name(results, plan.profile_specs("source")),
+            plan.profile_dir("source"),
+            vocab[plan.arch],
+        )
+        transferred = transfer_profile(
+            source,
+            plan.shape.n_layer,
+            settings.transfer_method,
+            plan.target.gpt_config(vocab[plan.arch]).to_dict(),
+            source_path=str(plan.profiles_dir / "coverage_source.json"),
+        )
+        reference = results[plan.row_spec(plan.reference_widths, settings.seeds[0], reference=True).key]
+        phase_off = measure_phase_off_profile(
+            plan.target, reference.checkpoint, cache_dir=cache_dir, device=device
+        )
+        for name, profile in (
+            ("coverage_target", benefit),
+            ("coverage_source", source),
+            ("transferred", transferred),
+            ("phase_off_target", phase_off),
+        ):
+            profile.save(plan.profiles_dir / f"{name}.json")
+        allocations = row_allocations(plan, settings, benefit, transferred, phase_off)
+        sweep = sweep_allocations(plan, settings, benefit)
+        pairs = interaction_pairs(settings, benefit)
+        staged.append((plan, benefit, source, transferred, phase_off, allocations, sweep, pairs))
+        stage2 += stage2_specs(plan, settings, allocations, sweep, benefit, pairs)
+    return staged, stage2
+
+
+def _outcome(settings, results, plan, benefit, source, transferred, phase_off, allocations, sweep, pairs):
+    runs = {
+        widths_name(a.widths, seed): results[plan.row_spec(a.widths, seed).key]
+        for a in allocations + sweep
+        for seed in seeds_of(a, settings)
+    }
+    pair_runs = {s.name: results[s.key] for s in plan.profile_specs("target")}
+    pair_runs.update({s.name: results[s.key] for s in stage2_specs(plan, settings, [], [], benefit, pairs)})
+    measured = pair_benefits_from_results(benefit, pairs, pair_runs) if pairs else {}
+    return ArchOutcome(
+        plan,
+        benefit,
+        source,
+        transferred,
+        phase_off,
+        tuple(allocations),
+        tuple(sweep),
+        runs,
+        tuple(interaction_terms(benefit.values, measured)),
+    )
 
 
 def plan_rows_estimate(settings: Table1Settings) -> list[str]:
@@ -236,6 +300,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="also train the uniform row of every seed under avx2 kernels and with all cores per run, and "
         "report how far those float-level differences move it (reuses the table's runs)",
     )
+    add_scale_args(parser, "the first architecture's --step-time-of member", "the table")
+    parser.add_argument(
+        "--step-time-of",
+        default="target",
+        choices=("target", "source"),
+        help="with --step-time: the member it was measured on (at paper scale the source is the 12-layer "
+        "paper_mha that make bench-gpu times); default target",
+    )
+    parser.add_argument(
+        "--stage",
+        default="all",
+        choices=STAGES,
+        help="profiles: stage 1 only (profiles and the reference); rows: stage 2 only (needs stage 1 finished); "
+        "all (default): both (a shard waits for the other shards' stage-1 runs before stage 2)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="show Lightning's own lines too")
     return parser
 
@@ -252,9 +331,14 @@ def main(argv: list[str] | None = None) -> int:
             steps=args.steps,
             workers=args.workers,
             accelerator=args.accelerator,
+            runs_per_gpu=args.runs_per_gpu,
         )
-        run_table1(settings, args.out, args.cache_dir, args.quiet, args.float_spread)
-    except (ValueError, FileNotFoundError) as exc:
+        if args.plan:
+            print_table1_plan(settings, args.out, args.step_time, args.step_time_of)
+            return 0
+        shard = Shard.parse(args.shard)
+        run_table1(settings, args.out, args.cache_dir, args.quiet, args.float_spread, shard, args.stage)
+    except (ValueError, FileNotFoundError, TimeoutError) as exc:
         print(f"repro table1: error: {exc}", file=sys.stderr)
         return 2
     return 0

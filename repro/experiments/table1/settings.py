@@ -16,14 +16,14 @@ from typing import Any, Literal
 from repro.alloc.allocation import BUDGET_MATCHED
 from repro.runs.settings import ConfigPath, load_settings, shipped_settings
 
-SCALES = ("smoke", "cpu", "paper")
+SCALES = ("smoke", "cpu", "gpu", "paper")
 ARCHITECTURES = ("mha", "mla")
 SWEEP_METHODS = ("profiled", "uniform", "first-k", "last-k", "spaced-k")
 
 
 @dataclass(frozen=True)
 class Table1Settings:
-    scale: Literal["smoke", "cpu", "paper"]  # the name written into the results
+    scale: Literal["smoke", "cpu", "gpu", "paper"]  # the name written into the results
     target: dict[str, ConfigPath]  # arch ('mha', 'mla') -> model config of the target (deeper) member
     source: dict[str, ConfigPath]  # arch -> model config of the source (smaller) family member
     steps: int  # optimizer steps of a row run (the full run whose fraction the profiles train)
@@ -42,10 +42,9 @@ class Table1Settings:
     sweep_seeds: tuple[int, ...] = (0,)  # seeds of the extra-budget runs
     accelerator: Literal["cpu", "gpu"] = "cpu"  # where every run trains
     workers: int = 2  # runs trained side by side (CPU: each gets cores/workers threads)
+    runs_per_gpu: int = 1  # GPU: runs sharing each GPU (small models leave a GPU idle); all GPUs are used
     architectures: tuple[str, ...] = ARCHITECTURES  # which halves of the table to run
-    target_difference: float = (
-        0.01  # the difference (nats) the power figures ask about: seeds needed to detect it
-    )
+    target_difference: float = 0.01  # the difference (nats) the power figures ask about
     path: str = field(default="", compare=False)  # the YAML these settings came from
 
     def __post_init__(self) -> None:
@@ -71,7 +70,15 @@ class Table1Settings:
                 raise ValueError(f"{where}: {name}={list(value)!r}: give non-negative integer seeds")
             if len(set(value)) != len(value):
                 raise ValueError(f"{where}: {name}={list(value)!r}: seeds repeat")
-        for name in ("steps", "eval_every", "profile_evals", "profile_last_n", "random_draws", "workers"):
+        for name in (
+            "steps",
+            "eval_every",
+            "profile_evals",
+            "profile_last_n",
+            "random_draws",
+            "workers",
+            "runs_per_gpu",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{where}: {name}={value!r}: must be a positive integer")

@@ -1,8 +1,11 @@
-"""What one training step of the pipeline sent, and the ``pipe/*`` scalars made of it.
+"""What the pipeline sent, and the ``pipe/*`` scalars made of it.
 
-Every rank knows what it sent itself; one all-reduce of a float64 vector gives every rank the
-loss (from the last stage) and every rank's statistics, so all ranks log the same values and take
-the same decisions (a non-finite message anywhere stops or skips the step on every rank).
+Every rank knows what it sent itself. Each step, one all-reduce of two numbers gives every rank
+the loss (from the last stage) and the count of non-finite messages, so all ranks take the same
+decision (a non-finite message anywhere stops or skips the step on every rank). The statistics
+(bytes, errors, buffers) stay on their rank in a ``StatWindow`` and are reduced only when they
+are read: on the steps Lightning logs, at a non-finite step, before a checkpoint and at the end of
+training. Byte counts are integers, so the totals are exact whatever the window.
 """
 
 from __future__ import annotations
@@ -31,13 +34,14 @@ class ChannelStep:
 
 @dataclass(frozen=True)
 class StepReport:
-    """The step as every rank sees it after the reduction."""
+    """The steps since the previous reduction as every rank sees them after this one."""
 
-    loss: float  # mean micro-batch loss (from the last stage)
-    channels: dict[str, ChannelStep]  # 'b<boundary>_<fwd|bwd>' -> what it sent
+    loss: float  # mean micro-batch loss of the latest step (from the last stage)
+    channels: dict[str, ChannelStep]  # 'b<boundary>_<fwd|bwd>' -> what it sent over the window
     buffer_bytes: list[float]  # per rank: bytes of the method buffers it holds
     emulated_s: list[float]  # per rank: emulated link time so far
     param_bytes: list[float]  # per rank: parameter bytes of its stage
+    steps: int = 1  # training steps the channels sum over
 
     @property
     def bytes(self) -> float:
@@ -62,10 +66,40 @@ class StepReport:
         return faults
 
 
-def reduce_step(
-    loss_sum: torch.Tensor | None,
-    micro_batches: int,
-    stats: StepStats,
+class StatWindow:
+    """What this rank sent since the last reduction: sums per direction (device tensors stay there)."""
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        self.sums: dict[str, list] = {"fwd": [0] * len(STAT_FIELDS), "bwd": [0] * len(STAT_FIELDS)}
+        self.steps = 0
+
+    def add(self, stats: StepStats) -> None:
+        for direction in ("fwd", "bwd"):
+            d, sums = getattr(stats, direction), self.sums[direction]
+            for i, name in enumerate(STAT_FIELDS):
+                sums[i] = sums[i] + getattr(d, name)
+        self.steps += 1
+
+
+def reduce_loss(
+    loss_sum: torch.Tensor | None, micro_batches: int, stats: StepStats, device: torch.device
+) -> tuple[float, float]:
+    """Every step: the loss (from the last stage) and the non-finite messages of all ranks."""
+    vec = torch.zeros(2, dtype=torch.float64, device=device)
+    if loss_sum is not None:
+        vec[0] = loss_sum.double() / micro_batches
+    vec[1] = stats.fwd.nonfinite + stats.bwd.nonfinite
+    dist.all_reduce(vec)
+    loss, nonfinite = vec.tolist()  # the step's one host synchronisation
+    return loss, nonfinite
+
+
+def reduce_window(
+    window: StatWindow,
+    loss: float,
     rank: int,
     num_stages: int,
     buffer_bytes: float,
@@ -73,43 +107,58 @@ def reduce_step(
     param_bytes: float,
     device: torch.device,
 ) -> StepReport:
-    """One all-reduce carries the loss and every rank's statistics to every rank."""
+    """Every rank's statistics of the window to every rank (a collective: all ranks call it at the
+    same step); the window starts again empty."""
     k, n = num_stages, len(STAT_FIELDS)
     block = 2 * n  # per boundary: fwd fields, then bwd fields
-    tail = 1 + (k - 1) * block
+    tail = (k - 1) * block
     vec = torch.zeros(tail + 3 * k, dtype=torch.float64, device=device)
-    if loss_sum is not None:
-        vec[0] = loss_sum.double() / micro_batches
 
-    def put(boundary: int, offset: int, d) -> None:
-        base = 1 + boundary * block + offset
-        for i, name in enumerate(STAT_FIELDS):
-            vec[base + i] = getattr(d, name)
+    def put(boundary: int, offset: int, sums: list) -> None:
+        base = boundary * block + offset
+        for i, value in enumerate(sums):
+            vec[base + i] = value
 
     if rank < k - 1:
-        put(rank, 0, stats.fwd)
+        put(rank, 0, window.sums["fwd"])
     if rank > 0:
-        put(rank - 1, n, stats.bwd)
+        put(rank - 1, n, window.sums["bwd"])
     vec[tail + rank] = buffer_bytes
     vec[tail + k + rank] = emulated_s
     vec[tail + 2 * k + rank] = param_bytes
     dist.all_reduce(vec)
-    values = vec.tolist()  # the step's one host synchronisation
+    values = vec.tolist()
+    steps = window.steps
+    window.clear()
     channels = {}
     for b in range(k - 1):
         for j, direction in enumerate(("fwd", "bwd")):
-            base = 1 + b * block + j * n
+            base = b * block + j * n
             f = dict(zip(STAT_FIELDS, values[base : base + n]))
             channels[f"b{b}_{direction}"] = ChannelStep(
                 f["payload_bytes"], f["raw_bytes"], f["rel_error_sum"] / max(f["messages"], 1), f["nonfinite"]
             )
     return StepReport(
-        values[0],
+        loss,
         channels,
         values[tail : tail + k],
         values[tail + k : tail + 2 * k],
         values[tail + 2 * k : tail + 3 * k],
+        steps,
     )
+
+
+def logs_this_step(trainer) -> bool:
+    """Whether Lightning writes ``train/loss`` to the loggers after this training step (every
+    ``log_every_n_steps`` optimizer steps, LoggerConnector.update_train_step_metrics), the same
+    answer on every rank."""
+    n = trainer.log_every_n_steps
+    if not trainer.loggers or not n or compat.should_accumulate(trainer):
+        return False
+    # Lightning increments this after the optimizer step, then logs at that value when
+    # (value + 1) % log_every_n_steps == 0
+    step = compat.batches_that_stepped(trainer) + 1
+    return (step + 1) % n == 0 or trainer.should_stop
 
 
 @dataclass
@@ -161,13 +210,15 @@ class RunTotals:
 def pipe_scalars(
     report: StepReport, totals: RunTotals, fresh_batches: int, steps_done: int, wall_s: float
 ) -> dict[str, float]:
-    """The ``pipe/*`` scalars of a step (spec section 6)."""
+    """The ``pipe/*`` scalars at a reduction (spec section 6): per-step values are means over the
+    steps since the previous reduction, totals are exact."""
     values: dict[str, float] = {}
+    steps = max(report.steps, 1)
     for tag, channel in report.channels.items():
-        values[f"pipe/bytes/{tag}"] = channel.bytes
+        values[f"pipe/bytes/{tag}"] = channel.bytes / steps
         values[f"pipe/rel_error/{tag}"] = channel.rel_error
         values[f"pipe/bytes_total/{tag}"] = totals.bytes.get(tag, 0.0)
-    values["pipe/bytes"] = report.bytes
+    values["pipe/bytes"] = report.bytes / steps
     values["pipe/bytes_total"] = totals.total_bytes
     values["pipe/compression_ratio"] = (
         totals.total_bytes / totals.total_raw_bytes if totals.total_raw_bytes else 1.0
@@ -188,18 +239,13 @@ def pipe_scalars(
     return values
 
 
-def publish(trainer, values: dict[str, float], rank: int) -> None:
-    """Put a step's ``pipe/*`` scalars in ``trainer.callback_metrics`` (every step) and write them to
-    the loggers on the steps Lightning writes ``train/loss`` (every ``log_every_n_steps``), at the same
-    step number. ``self.log`` is not used: under cProfile each call cost about 1.5 ms in Lightning's
-    result collection, 37 ms per step for 25 scalars."""
+def publish(trainer, values: dict[str, float], rank: int, to_loggers: bool) -> None:
+    """Put ``pipe/*`` scalars in ``trainer.callback_metrics`` and, on the steps Lightning writes
+    ``train/loss`` (``logs_this_step``), write them to the loggers at the same step number.
+    ``self.log`` is not used: under cProfile each call cost about 1.5 ms in Lightning's result
+    collection, 37 ms per step for 25 scalars."""
     trainer.callback_metrics.update({k: torch.tensor(float(v)) for k, v in values.items()})
-    n = trainer.log_every_n_steps
-    if not trainer.loggers or not n or compat.should_accumulate(trainer):
-        return
-    # Lightning increments this after the optimizer step, then logs at that value when
-    # (value + 1) % log_every_n_steps == 0 (LoggerConnector.update_train_step_metrics)
-    step = compat.batches_that_stepped(trainer) + 1
-    if ((step + 1) % n == 0 or trainer.should_stop) and rank == 0:
+    if to_loggers and rank == 0:
+        step = compat.batches_that_stepped(trainer) + 1
         for logger in trainer.loggers:
             logger.log_metrics({k: float(v) for k, v in values.items()}, step=step)

@@ -14,6 +14,7 @@ norm over all stages. The options are the fields of :class:`~repro.pipeline.opti
 from __future__ import annotations
 
 import inspect
+import math
 import time
 import warnings
 from typing import Any
@@ -35,7 +36,16 @@ from ..transport import StageLinks
 from . import checkpoint, compat
 from .loader import training_loader
 from .processes import StageProcesses
-from .step_report import RunTotals, StepReport, pipe_scalars, publish, reduce_step
+from .step_report import (
+    RunTotals,
+    StatWindow,
+    StepReport,
+    logs_this_step,
+    pipe_scalars,
+    publish,
+    reduce_loss,
+    reduce_window,
+)
 
 LIGHTNING_ARGS = (
     "accelerator",
@@ -79,7 +89,8 @@ class ClappingStrategy(StageProcesses):
         self.sampler: LazyBatchSampler | None = None
         self.steps_done = 0  # training steps (batches) run so far
         self.totals = RunTotals()  # cumulative statistics (identical on every rank)
-        self.last_report: StepReport | None = None  # the latest training step's statistics
+        self.last_report: StepReport | None = None  # the statistics of the latest reduction
+        self.window = StatWindow()  # this rank's statistics since that reduction
         self._groups: dict[str, Any] = {}
         self._tied_groups: dict[tuple[int, ...], Any] = {}
         self._stashed_grads: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
@@ -103,6 +114,10 @@ class ClappingStrategy(StageProcesses):
         counts = layers_per_stage(len(parts.layers), self.num_stages, self.options.layers_per_stage)
         self.split = StageSplit(self.global_rank, self.num_stages, counts, parts)
         self.local = keep_local_parts(module, self.split)
+        if self.options.compile:  # each block of the stage on its own (parameter names unchanged)
+            backend = "inductor" if self.options.compile is True else self.options.compile
+            for part in self.split.modules_of(self.global_rank):
+                part.compile(backend=backend)
         self.precision_plugin.convert_module(module)
         self.model_to_device()
         self._setup_tied_parameters()
@@ -192,21 +207,15 @@ class ClappingStrategy(StageProcesses):
         self._stashed_grads = [(p, p.grad) for p in params if p.grad is not None]
         for p, g in earlier:
             p.grad = g
-        report = reduce_step(
-            loss_sum,
-            len(micro),
-            stats,
-            self.global_rank,
-            self.num_stages,
-            float(sum(c.buffer_nbytes for c in self.codecs.values())),
-            self.runner.links.counters.emulated_seconds,
-            float(self.local.owned_bytes),
-            self.root_device,
-        )
-        self.totals.add(report)
-        faults = report.nonfinite_faults()
-        if faults:
-            where = "; ".join(faults)
+        self.window.add(stats)
+        loss_value, nonfinite = reduce_loss(loss_sum, len(micro), stats, self.root_device)
+        faulty = nonfinite > 0 or not math.isfinite(loss_value)
+        to_loggers = logs_this_step(trainer)
+        final = trainer.max_steps > 0 and trainer.global_step + 1 >= trainer.max_steps
+        if faulty or to_loggers or final:  # the same decision on every rank: all is known to all
+            self._reduce_window(loss_value)
+        if faulty:
+            where = "; ".join(self.last_report.nonfinite_faults())
             if opts.nonfinite == "raise":
                 raise NonFiniteError(
                     f"strategy='clapping': non-finite values (NaN or inf) at training step {step}: {where}. "
@@ -222,10 +231,48 @@ class ClappingStrategy(StageProcesses):
                     stacklevel=2,
                 )
         self.steps_done += 1
-        self.last_report = report
-        loss = torch.tensor(report.loss, dtype=torch.float32, device=self.root_device)
-        self._log_step(loss, report)
+        loss = torch.tensor(loss_value, dtype=torch.float32, device=self.root_device)
+        self.lightning_module.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        if faulty or to_loggers or final:
+            self._publish(to_loggers)
         return loss
+
+    def _reduce_window(self, loss: float) -> StepReport:
+        """Reduce the statistics kept since the last reduction into the totals (a collective)."""
+        report = reduce_window(
+            self.window,
+            loss,
+            self.global_rank,
+            self.num_stages,
+            float(sum(c.buffer_nbytes for c in self.codecs.values())),
+            self.runner.links.counters.emulated_seconds,
+            float(self.local.owned_bytes),
+            self.root_device,
+        )
+        if report.steps:
+            self.totals.add(report)
+            self.last_report = report
+        return report
+
+    def _publish(self, to_loggers: bool) -> None:
+        fresh = self.sampler.fresh_before(self.steps_done) if self.sampler is not None else self.steps_done
+        wall = time.perf_counter() - self._fit_start if self._fit_start else 0.0
+        values = pipe_scalars(self.last_report, self.totals, fresh, self.steps_done, wall)
+        publish(self.lightning_module.trainer, values, self.global_rank, to_loggers)
+
+    def flush_statistics(self) -> None:
+        """Bring the totals up to date on every rank (a collective), e.g. before they are saved."""
+        if self.window.steps:
+            self._reduce_window(self.last_report.loss if self.last_report else float("nan"))
+            self._publish(to_loggers=False)
+
+    def on_validation_start(self) -> None:
+        self.flush_statistics()  # callbacks read pipe/bytes_total at each evaluation
+        super().on_validation_start()
+
+    def on_train_end(self) -> None:
+        self.flush_statistics()
+        super().on_train_end()
 
     def backward(self, closure_loss: torch.Tensor, optimizer, *args: Any, **kwargs: Any) -> torch.Tensor:
         """The schedule already ran backward; put its gradients back after Lightning's zero_grad."""
@@ -278,16 +325,9 @@ class ClappingStrategy(StageProcesses):
         )
 
     # ------------------------------------------------------------------ logging
-    def _log_step(self, loss: torch.Tensor, report: StepReport) -> None:
-        self.lightning_module.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
-        fresh = self.sampler.fresh_before(self.steps_done) if self.sampler is not None else self.steps_done
-        values = pipe_scalars(
-            report, self.totals, fresh, self.steps_done, time.perf_counter() - self._fit_start
-        )
-        publish(self.lightning_module.trainer, values, self.global_rank)
-
     def run_summary(self) -> dict[str, Any]:
-        """What the run sent and kept, for result files (the same on every rank)."""
+        """What the run sent and kept, for result files (the same on every rank; a collective)."""
+        self.flush_statistics()
         report = self.last_report
         return {
             "stages": self.num_stages,
@@ -308,6 +348,7 @@ class ClappingStrategy(StageProcesses):
         return checkpoint.stage_optimizer_states(self, optimizer)
 
     def save_checkpoint(self, ckpt: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
+        self.flush_statistics()  # every rank saves (or reaches the barrier below) at this step
         state = checkpoint.pipeline_state(self, self.options.aqsgd_checkpoint_buffers)
         if self.is_global_zero:
             ckpt["clapping"] = state
