@@ -11,16 +11,50 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import COLUMN_WIDTH_IN, load_table1, plt, save, style
 
 
-def number_points(ax, fig, points, xs, ys) -> None:
-    """A number next to every point and a key under the axes (no leader lines to cross)."""
+def number_points(ax, points, xs, ys) -> None:
+    """A number for every point and a key under the axes. Points that share a storage size (every
+    budget-matched allocation) get their numbers in a column beside them, in the order of their
+    losses, joined by short lines that cannot cross."""
     order = sorted(range(len(points)), key=lambda i: (xs[i], ys[i]))
-    key = []
-    for n, i in enumerate(order, start=1):
-        ax.annotate(str(n), (xs[i], ys[i]), textcoords="offset points", xytext=(3, 3), fontsize=5.5)
-        key.append(f"{n}: {', '.join(points[i]['methods'])}")
-    ax.text(
-        0.0, -0.2, "\n".join(key), transform=ax.transAxes, va="top", ha="left", fontsize=5.5, linespacing=1.25
-    )
+    number = {i: n for n, i in enumerate(order, start=1)}
+    y_span = (max(ys) - min(ys)) or 1.0
+    x_span = (max(xs) - min(xs)) or 1.0
+    gap = 0.045 * y_span
+    for x in sorted(set(xs)):
+        group = sorted((i for i in range(len(points)) if xs[i] == x), key=lambda i: ys[i])
+        if len(group) == 1:
+            i = group[0]
+            ax.annotate(
+                str(number[i]), (xs[i], ys[i]), textcoords="offset points", xytext=(3, 3), fontsize=5.5
+            )
+            continue
+        placed: list[float] = []
+        for i in group:
+            placed.append(ys[i] if not placed else max(ys[i], placed[-1] + gap))
+        shift = (placed[-1] - ys[group[-1]]) / 2  # centre the column on the group
+        for i, y in zip(group, placed):
+            ax.annotate(
+                str(number[i]),
+                (xs[i], ys[i]),
+                xytext=(xs[i] + 0.06 * x_span, y - shift),
+                textcoords="data",
+                va="center",
+                fontsize=5.5,
+                arrowprops={"arrowstyle": "-", "lw": 0.3, "color": "gray", "shrinkA": 0, "shrinkB": 1},
+            )
+    key = [f"{number[i]}: {', '.join(points[i]['methods'])}" for i in order]
+    half = (len(key) + 1) // 2
+    for column, lines in enumerate((key[:half], key[half:])):
+        ax.text(
+            0.5 * column,
+            -0.23,
+            "\n".join(lines),
+            transform=ax.transAxes,
+            va="top",
+            ha="left",
+            fontsize=5.5,
+            linespacing=1.3,
+        )
 
 
 def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> list[Path]:
@@ -52,7 +86,7 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
     fx = [xs[i] for i in front]
     fy = [ys[i] for i in front]
     ax.step(fx, fy, where="post", color="tab:red", lw=1.0, zorder=3, label="Pareto front")
-    number_points(ax, fig, points, xs, ys)
+    number_points(ax, points, xs, ys)
     cb = fig.colorbar(sc, ax=ax)
     cb.set_label(f"attention FLOPs per token (millions, context {a.get('context', '?')})")
     ax.set_xlabel(f"KV cache per token (bytes, {bpe} B/element, all layers)")

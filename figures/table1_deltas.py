@@ -48,17 +48,17 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
         ax.axhline(len(matched) - 0.5, color="gray", linewidth=0.5, linestyle=":")
         stats = doc["architectures"][arch].get("statistics", {})
         detect = stats.get("detectable_difference")
-        title = f"{ARCH_TITLE[arch]}: Δ vs uniform, {len(doc['seeds'])} seeds"
+        title = f"{ARCH_TITLE[arch]}, {len(doc['seeds'])} seeds"
         if detect:
-            title += f" (detectable: {detect:.3f})"
+            title += f"; detectable Δ {detect:.3f}"
         ax.set_title(title)
         ax.set_xlabel("Δ validation loss vs uniform (nats/token)")
     labels = [r["method"] + (" †" if method_of(r["method"]) in REFERENCE_POINTS else "") for r in ordered]
     axes[0][0].set_yticks(range(len(ordered)), labels)
     axes[0][0].invert_yaxis()
     fig.suptitle(
-        f"Table 1, scale {doc['scale']}: paired difference to uniform with 95% CI; filled = resolved "
-        "(Holm p < 0.05); † not budget-matched"
+        f"Table 1 ({doc['scale']}): paired Δ to uniform, 95% CI; filled = resolved (Holm p < 0.05); "
+        "† not budget-matched"
     )
     return save(fig, out, "table1_deltas")
 

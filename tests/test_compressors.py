@@ -182,3 +182,21 @@ def test_bad_compressor_specs_fail_with_the_field_and_the_allowed_values(spec, f
     with pytest.raises(ValueError) as info:
         build_compressor(spec, "strategy fwd_compressor")
     assert "strategy fwd_compressor" in str(info.value) and fragment in str(info.value)
+
+
+@pytest.mark.parametrize("grid", ["fixed", "span"])
+def test_quant_clips_a_channel_beyond_the_fp16_scale_range_instead_of_sending_inf(grid):
+    """A gradient spike of 4e5 (measured in a cpu-scale run) is out of fp16's range: the channel is
+    clipped to 65504, the others are untouched, and nothing decodes to inf or NaN."""
+    comp = build_compressor(f"quant(8,grid={grid})")
+    x = torch.tensor([[[4.0e5, 0.5], [-1.0e3, -0.25]]])
+    y = comp.decompress(comp.compress(x), x.shape, x.dtype)
+    assert torch.isfinite(y).all()
+    assert float(y[0, 0, 0]) == pytest.approx(65504.0, rel=0.01)
+    assert float(y[0, 0, 1]) == pytest.approx(0.5, rel=0.01) and float(y[0, 1, 1]) == pytest.approx(
+        -0.25, abs=0.01
+    )
+    fp32 = build_compressor(f"quant(8,scale=fp32,grid={grid})")
+    assert float(fp32.decompress(fp32.compress(x), x.shape, x.dtype)[0, 0, 0]) == pytest.approx(
+        4.0e5, rel=0.01
+    )

@@ -258,7 +258,8 @@ class Quantize(Compressor):
         return channels * _element_size(self.scale_dtype) + packed_nbytes(_numel(shape), self.bits)
 
     def _scale(self, rows: torch.Tensor) -> torch.Tensor:
-        absmax = rows.abs().amax(dim=0).float()
+        # a channel beyond the scale dtype's range (fp16: 65504) is clipped to it, not sent as inf
+        absmax = rows.abs().amax(dim=0).float().clamp(max=torch.finfo(self.scale_dtype).max)
         scale = absmax.to(self.scale_dtype)
         too_small = scale.float() < absmax
         if bool(too_small.any()):  # round up, so |x| <= scale after the cast
