@@ -44,6 +44,7 @@ COLUMNS = (
     "train_wall_s",
     "emulated_net_s",
     "seeds",
+    "seed_losses",
 )
 
 
@@ -333,6 +334,7 @@ def write_report(report: dict[str, Any], out: Path) -> None:
     writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
     writer.writeheader()
     for r in report["rows"]:
-        writer.writerow({**r, "seeds": " ".join(str(s) for s in r["seeds"])})
+        joined = {k: " ".join(str(v) for v in r[k]) for k in ("seeds", "seed_losses")}
+        writer.writerow({**r, **joined})
     write_text_atomic(out / "clapping_table.csv", buf.getvalue())
     write_json_atomic(out / "clapping_table.json", report)
