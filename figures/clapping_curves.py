@@ -78,7 +78,13 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
         for h, lab in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lab, h)
     fig.legend(
-        list(handles.values()), list(handles), loc="outside lower center", ncol=3, frameon=False, fontsize=5.5
+        list(handles.values()),
+        list(handles),
+        loc="outside lower center",
+        ncol=3,
+        frameon=False,
+        fontsize=5.5,
+        handlelength=4,
     )
     fig.suptitle(
         f"Clapping ({doc['scale']}): K={doc['settings']['stages']}, seeds {doc['seeds']}; "

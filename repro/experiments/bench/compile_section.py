@@ -6,6 +6,7 @@ of the ``compile`` option. Each row's ratio is against the compiled plain loop o
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -55,46 +56,52 @@ def bench_compile(s: BenchSettings, progress: Callable[[str], None]) -> list[dic
         batches = synthetic_batches(
             vocab, batch, block, s.compile_warmup_steps + s.compile_timed_steps, device
         )
-        timings = {}
-        for kind, compiled in PATHS:
-            label = f"{kind} {'compiled' if compiled else 'eager'}"
-            progress(f"compile: {name} {label} on {device.type}")
-            torch._dynamo.reset()
-            measure = plain_loop_timing if kind == "plain" else lightning_timing
-            timings[(kind, compiled)] = measure(
-                cfg,
-                optim,
-                batches,
-                device,
-                s.compile_warmup_steps,
-                s.compile_backend if compiled else False,
-                bf16=cuda,
-            )
+        timings: dict[tuple[str, bool], list] = {key: [] for key in PATHS}
+        for r in range(s.compile_repeats):  # interleaved: a slow spell of the machine hits every path
+            for kind, compiled in PATHS:
+                label = f"{kind} {'compiled' if compiled else 'eager'}"
+                progress(f"compile: {name} {label} on {device.type}, repeat {r + 1} of {s.compile_repeats}")
+                torch._dynamo.reset()
+                measure = plain_loop_timing if kind == "plain" else lightning_timing
+                timings[(kind, compiled)].append(
+                    measure(
+                        cfg,
+                        optim,
+                        batches,
+                        device,
+                        s.compile_warmup_steps,
+                        s.compile_backend if compiled else False,
+                        bf16=cuda,
+                    )
+                )
         reference = timings[("plain", True)]
-        for (kind, compiled), t in timings.items():
+        for (kind, compiled), runs in timings.items():
             label = f"{name} {kind} {'compiled' if compiled else 'eager'}"
             is_ref = (kind, compiled) == ("plain", True)
-            achieved = flops / t.step_s / 1e12
+            step_s = statistics.median(t.step_s for t in runs)
+            achieved = flops / step_s / 1e12
             rows.append(
                 row(
                     "compile",
                     label,
                     "throughput",
                     "tokens/s",
-                    [t.tokens_per_s],
+                    [t.tokens_per_s for t in runs],
                     reference=None if is_ref else f"{name} plain compiled",
-                    ratios=None if is_ref else [t.tokens_per_s / reference.tokens_per_s],
+                    ratios=None
+                    if is_ref
+                    else [t.tokens_per_s / ref.tokens_per_s for t, ref in zip(runs, reference)],
                     ratio_meaning=None
                     if is_ref
                     else "tokens/s / tokens/s of the compiled plain loop, same model",
                     goal=0.95 if (kind, compiled) == ("lightning", True) else None,
                     extra={
                         "device": torch.cuda.get_device_name(device) if cuda else "cpu",
-                        "step_s": t.step_s,
-                        "warmup_s": t.warmup_s,
+                        "step_s": step_s,
+                        "warmup_s": max(t.warmup_s for t in runs),
                         "tflops_per_s": achieved,
                         "mfu": achieved / peak if peak else None,
-                        "peak_memory_bytes": t.peak_memory_bytes,
+                        "peak_memory_bytes": max(t.peak_memory_bytes for t in runs),
                         "flops_per_step": flops,
                         "backend": s.compile_backend if compiled else None,
                     },

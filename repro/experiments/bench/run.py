@@ -113,12 +113,12 @@ def _note(r: dict[str, Any]) -> str:
     if sec == "rope":
         return f"{r['params']:,} params"
     if sec == "compile":
-        out = f"{r['device']}: {r['step_s'] * 1e3:.1f} ms/step, {r['tflops_per_s']:.1f} TFLOP/s"
+        out = f"{r['device']}: {r['step_s'] * 1e3:.1f} ms/step, {r['tflops_per_s']:.3g} TFLOP/s"
         if r.get("mfu") is not None:
             out += f" (MFU {100 * r['mfu']:.0f}%)"
         if r["peak_memory_bytes"]:
             out += f", peak {r['peak_memory_bytes'] / 2**30:.1f} GiB"
-        return out + f"; first {r['warmup_s']:.0f} s untimed"
+        return out + f"; first steps up to {r['warmup_s']:.0f} s (untimed)"
     return ""
 
 

@@ -84,6 +84,7 @@ class BenchSettings:
     compile_backend: str = "inductor"  # compile section: torch.compile backend of the compiled rows
     compile_warmup_steps: int = 10  # compile section: untimed steps first (compilation happens here)
     compile_timed_steps: int = 30  # compile section: timed steps per path and model
+    compile_repeats: int = 3  # compile section: interleaved repeats (compilation is cached after the first)
     sections: tuple[str, ...] = SECTIONS  # which sections run
     path: str = field(default="", compare=False)  # the YAML these settings came from
 
@@ -110,6 +111,7 @@ class BenchSettings:
             "compressor_repeats",
             "compile_warmup_steps",
             "compile_timed_steps",
+            "compile_repeats",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
