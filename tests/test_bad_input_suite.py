@@ -201,7 +201,7 @@ CASES = [
     (
         "fit: more stages than layers",
         "fit --config {good_yaml} --trainer.strategy=clapping --trainer.devices=4",
-        r"4 stages.*3 layers|stages.*layers",
+        r"trainer.devices=4: .*model.gpt.n_layer=3",
     ),
     ("predict is not a command", "predict --config {good_yaml}", r"unknown command 'predict'"),
     (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from repro.arguments import Parser
 from repro.runs.scale_args import add_scale_args
 
 
@@ -45,7 +46,7 @@ def _runs_args(p: argparse.ArgumentParser, default: str = "<out>.runs/") -> None
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="repro",
         description="The RoPE allocation pipeline: profiles, allocations, transfer, accounting, analysis.",
     )

@@ -11,6 +11,8 @@ field or the file).
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 
 import torch
@@ -27,12 +29,17 @@ SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
 
 
 def one_line(exc: Exception) -> str:
-    """An error of jsonargparse or of a class it built, as one line: the key and the first reason
-    (a union's ``Expected a NoneType`` alternative is not a reason)."""
+    """An error of jsonargparse or of a class it built, as one line: the (nested) key, the value
+    given and the first reason (a union's ``Expected a NoneType`` alternative is not a reason)."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     if not lines:
         return type(exc).__name__
-    key = re.search(r'Parser key "([^"]+)"', " ".join(lines))
+    keys = re.findall(r'Parser key "([^"]+)"', " ".join(lines))
+    key = ".".join(k for i, k in enumerate(keys) if i == 0 or not k.startswith(keys[0])) if keys else None
+    inner = max((i for i, line in enumerate(lines) if line.startswith("Parser key")), default=0)
+    given = next(
+        (line.split(":", 1)[1].strip() for line in lines[inner:] if line.startswith("Given value:")), None
+    )
     skip = (
         "Parser key",
         "Given value",
@@ -40,11 +47,17 @@ def one_line(exc: Exception) -> str:
         "Errors:",
         "Does not validate",
         "- Expected a <class 'NoneType'>",
+        "- Problem with given class_path",
+        "Problem with given class_path",
     )
-    reasons = [line.lstrip("- ") for line in lines if not line.startswith(skip)]
+    reasons = [line.lstrip("- ") for line in lines[inner:] if not line.startswith(skip)]
+    reasons = reasons or [line.lstrip("- ") for line in lines if not line.startswith(skip)]
     specific = [r for r in reasons if not r.startswith("Expected a <class")]  # the alternatives of a union
     reason = (specific or reasons or lines)[0]
-    return f"{key.group(1)}: {reason}" if key and not reason.startswith(key.group(1)) else reason
+    reason = re.sub(r"Expected a <class '(\w+)'>", r"expected \1", reason)
+    if key and not reason.startswith(key):
+        return f"{key}={given}: {reason}" if given and len(keys) > 1 else f"{key}: {reason}"
+    return reason
 
 
 class ConfigError(ValueError):
@@ -59,6 +72,8 @@ class ReproCLI(LightningCLI):
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("model_class", GPTLightningModule)
         kwargs.setdefault("datamodule_class", TextDataModule)
+        if not os.environ.get("REPRO_VERBOSE"):  # the seed is in the saved config.yaml; -v shows the line
+            logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
         super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:

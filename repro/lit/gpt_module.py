@@ -81,6 +81,17 @@ def lr_multiplier(
 NONFINITE_CHECKS = ("auto", "every_step", "deferred")
 
 
+def check_compile_backend(value: object, field: str) -> None:
+    """``false``, ``true`` or the name of a ``torch.compile`` backend, else a one-line error."""
+    if isinstance(value, bool):
+        return
+    backends = torch.compiler.list_backends(exclude_tags=())
+    if not isinstance(value, str) or value not in backends:
+        raise ValueError(
+            f"{field}={value!r}: allowed false, true or a torch.compile backend: {', '.join(backends)}"
+        )
+
+
 class DeferredCheck:
     """Non-finite losses found without a host synchronisation: the step's flag goes to the fused
     optimizer's ``found_inf`` (it then leaves weights and state as they were), and two device
@@ -136,10 +147,7 @@ class GPTLightningModule(L.LightningModule):
             raise ValueError(
                 f"model.nonfinite_check={nonfinite_check!r}: allowed values are {NONFINITE_CHECKS}"
             )
-        if not isinstance(compile, (bool, str)) or compile == "":
-            raise ValueError(
-                f"model.compile={compile!r}: allowed false, true or a torch.compile backend name"
-            )
+        check_compile_backend(compile, "model.compile")
         self.nonfinite = nonfinite
         self.nonfinite_check = nonfinite_check
         self.compile_backend = ("inductor" if compile is True else compile) or None

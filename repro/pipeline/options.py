@@ -9,6 +9,8 @@ import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
+import torch
+
 from .codecs import METHODS
 from .compressors import Compressor, build_compressor
 from .sample_buffers import SAMPLE_STORAGE
@@ -107,10 +109,13 @@ class PipelineOptions:
             )
         if self.start_method not in START_METHODS:
             raise ValueError(f"strategy start_method={self.start_method!r}: allowed {START_METHODS}")
-        if not isinstance(self.compile, (bool, str)) or self.compile == "":
-            raise ValueError(
-                f"strategy compile={self.compile!r}: allowed false, true or a torch.compile backend name"
-            )
+        if not isinstance(self.compile, bool):
+            backends = torch.compiler.list_backends(exclude_tags=())
+            if not isinstance(self.compile, str) or self.compile not in backends:
+                raise ValueError(
+                    f"strategy compile={self.compile!r}: allowed false, true or a torch.compile backend: "
+                    f"{', '.join(backends)}"
+                )
         if (
             isinstance(self.timeout_s, bool)
             or not isinstance(self.timeout_s, (int, float))

@@ -6,7 +6,6 @@ min..max, and the median of the per-repeat ratios to its reference."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -16,6 +15,7 @@ from typing import Any
 
 import torch
 
+from repro.arguments import Parser
 from repro.files import write_json_atomic, write_text_atomic
 from repro.runs.build import VERBOSE_ENV, quiet_lightning
 from repro.runs.provenance import git_commit, machine, now
@@ -153,7 +153,7 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="repro bench", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="repro bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default=None, help=f"one of {PRESETS} (default full)")
     parser.add_argument("--settings", default=None, help="a settings YAML instead of --preset")
     parser.add_argument("--sections", nargs="+", default=None, help=f"run only these sections of {SECTIONS}")

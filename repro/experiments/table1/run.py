@@ -39,6 +39,7 @@ from repro.alloc.analysis import interaction_terms
 from repro.alloc.coverage_profile import pair_benefits_from_results, profile_from_results
 from repro.alloc.phase_off_profile import measure_phase_off_profile
 from repro.alloc.transfer import transfer_profile
+from repro.arguments import Parser
 from repro.dataclass_docs import fields_help
 from repro.runs import Progress, RunResult, check_accelerator, train_all
 from repro.runs.build import VERBOSE_ENV, quiet_lightning
@@ -260,7 +261,7 @@ def _by_name(results: dict[str, RunResult], specs) -> dict[str, RunResult]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="repro table1",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=__doc__.split("\n\n")[0],
