@@ -14,6 +14,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torchmetrics import MeanMetric
 
 from repro.models import GPTConfig
+from repro.models.compiling import check_compile_backend
 from repro.models.gpt import GPT
 
 from .checkpoints import check_checkpoint_matches, read_checkpoint
@@ -79,17 +80,6 @@ def lr_multiplier(
 
 
 NONFINITE_CHECKS = ("auto", "every_step", "deferred")
-
-
-def check_compile_backend(value: object, field: str) -> None:
-    """``false``, ``true`` or the name of a ``torch.compile`` backend, else a one-line error."""
-    if isinstance(value, bool):
-        return
-    backends = torch.compiler.list_backends(exclude_tags=())
-    if not isinstance(value, str) or value not in backends:
-        raise ValueError(
-            f"{field}={value!r}: allowed false, true or a torch.compile backend: {', '.join(backends)}"
-        )
 
 
 class DeferredCheck:

@@ -9,7 +9,7 @@ import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
-import torch
+from repro.models.compiling import check_compile_backend
 
 from .codecs import METHODS
 from .compressors import Compressor, build_compressor
@@ -109,13 +109,7 @@ class PipelineOptions:
             )
         if self.start_method not in START_METHODS:
             raise ValueError(f"strategy start_method={self.start_method!r}: allowed {START_METHODS}")
-        if not isinstance(self.compile, bool):
-            backends = torch.compiler.list_backends(exclude_tags=())
-            if not isinstance(self.compile, str) or self.compile not in backends:
-                raise ValueError(
-                    f"strategy compile={self.compile!r}: allowed false, true or a torch.compile backend: "
-                    f"{', '.join(backends)}"
-                )
+        check_compile_backend(self.compile, "strategy compile")
         if (
             isinstance(self.timeout_s, bool)
             or not isinstance(self.timeout_s, (int, float))

@@ -8,7 +8,13 @@ from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
 
-from repro.alloc.allocation import Allocation, allocate, random_allocations, top_k_layers
+from repro.alloc.allocation import (
+    METHODS,
+    Allocation,
+    allocate,
+    random_allocations,
+    top_k_layers,
+)
 from repro.alloc.budget import BudgetLevels, default_levels, level_to_width, num_high_layers
 from repro.alloc.coverage_profile import CoverageProfileSettings, layer_groups, pair_specs, upgrade_specs
 from repro.alloc.profile import LayerProfile
@@ -18,21 +24,7 @@ from repro.runs.model_config import ModelConfig, load_model_config
 
 from .settings import Table1Settings
 
-ROW_METHODS = (
-    "profiled",
-    "transferred",
-    "uniform",
-    "first-k",
-    "last-k",
-    "spaced-k",
-    "random-k",
-    "inverse",
-    "phase-off-k",
-    "all-high",
-    "all-low",
-    "nope",
-)
-REFERENCE_POINTS = ("all-high", "all-low", "nope")
+ROW_METHODS = METHODS  # the table's rows: every budget-matched method, then the reference points
 
 
 @dataclass(frozen=True)

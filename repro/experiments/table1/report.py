@@ -11,13 +11,14 @@ import statistics
 from typing import Any
 
 from repro.alloc.accounting import account_model
+from repro.alloc.allocation import REFERENCE_POINTS
 from repro.alloc.analysis import calibration, predicted_gain, seed_stability, spearman, transfer_fidelity
 from repro.alloc.budget import num_high_layers
 from repro.runs import RunResult
 from repro.runs.provenance import display_path, git_commit, machine, now
 from repro.stats import PairedComparison, paired_comparison, power_figures, with_holm
 
-from .plan import REFERENCE_POINTS, ROW_METHODS, widths_name
+from .plan import ROW_METHODS, widths_name
 from .results import ArchOutcome
 from .settings import Table1Settings
 
