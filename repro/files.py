@@ -1,5 +1,6 @@
-"""Results files: atomic writes (a reader sees the old file or the whole new one, never half)
-and JSON/YAML reads that fail with the file's name and what is wrong."""
+"""Results files: atomic writes (a reader sees the old file or the whole new one, never half; the
+file gets the mode the umask gives, so a group can read a shared results folder) and JSON/YAML
+reads that fail with the file's name and what is wrong."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # the mode a plain open() gives (mkstemp's is 0600)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -26,6 +28,12 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:

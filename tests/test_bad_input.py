@@ -149,7 +149,7 @@ def test_a_missing_corpus_package_is_one_line_naming_the_install_command(monkeyp
             raise metadata.PackageNotFoundError(name)
         return real(name)
 
-    monkeypatch.setattr("repro.data.corpus.metadata.distribution", missing)
+    monkeypatch.setattr("repro.data.sources.metadata.distribution", missing)
     monkeypatch.chdir(tmp_path)
     config = MODELS / "smoke" / "table1_target_mha.yaml"
     with pytest.raises(SystemExit) as exit_:

