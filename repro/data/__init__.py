@@ -1,7 +1,20 @@
-"""Corpora, tokenizers, token shards and the LightningDataModule that reads them."""
+"""Corpora, tokenizers, token shards and the LightningDataModule that reads them.
 
-from .blocks import PackedBlocks
+The datamodule and the block dataset (which need torch and Lightning) are imported on first use,
+so ``repro data`` starts without them."""
+
 from .corpus import Document, DocumentSplit, load_documents, split_documents
-from .datamodule import TextDataModule
 
 __all__ = ["Document", "DocumentSplit", "PackedBlocks", "TextDataModule", "load_documents", "split_documents"]
+
+
+def __getattr__(name: str):
+    if name == "TextDataModule":
+        from .datamodule import TextDataModule
+
+        return TextDataModule
+    if name == "PackedBlocks":
+        from .blocks import PackedBlocks
+
+        return PackedBlocks
+    raise AttributeError(f"module 'repro.data' has no attribute {name!r}")

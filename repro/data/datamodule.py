@@ -332,6 +332,11 @@ class TextDataModule(L.LightningDataModule):
         self._open()
         return sum(len(s) for s in self._shards[split_name])
 
+    def train_blocks(self) -> int:
+        """Training blocks a run samples from (after max_train_blocks), without reading tokens."""
+        n = max(0, (self.split_token_count("train") - 1) // self.block_size)
+        return min(n, self.max_train_blocks) if self.max_train_blocks else n
+
     def token_stream(self, split_name: Literal["train", "validation", "test"]) -> np.ndarray:
         """All of a split's tokens as one array in memory (for tests and small corpora)."""
         self._open()

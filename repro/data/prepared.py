@@ -21,9 +21,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from repro.files import read_json, write_atomic, write_json_atomic
+from repro.files import read_json, write_json_atomic
 
-from .shards import ShardError, dtype_for_vocab, encode_shard, open_shard, read_header
+from .shards import HEADER_BYTES, ShardError, dtype_for_vocab, open_shard, read_header, shard_header
 from .tokenizer import TextTokenizer, load_tokenizer_file, tokenizer_digest
 
 MANIFEST = "manifest.json"
@@ -106,11 +106,11 @@ def tokenizer_record(tokenizer: TextTokenizer, kind: str) -> dict[str, Any]:
 
 
 class ShardWriter:
-    """Writes one split's documents into shards of whole documents, atomically, in order.
+    """Writes one split's documents into shards of whole documents, in order, with bounded memory.
 
-    ``add`` takes a document's tokens (its separator included); a shard is written once it holds
-    ``shard_tokens`` or more. ``on_shard`` is called after each shard is on disk (the prepare
-    records its progress there)."""
+    ``add`` appends a document's tokens (its separator included) to the open shard's temporary file;
+    once it holds ``shard_tokens`` or more, the header is written, the file synced and renamed into
+    place (a reader sees no shard or a whole one) and its record returned."""
 
     def __init__(
         self, folder: Path, split: str, dtype: np.dtype, shard_tokens: int, record: SplitRecord | None = None
@@ -119,32 +119,59 @@ class ShardWriter:
             raise ValueError(f"shard_tokens={shard_tokens!r}: must be a positive integer")
         self.folder, self.split, self.dtype, self.shard_tokens = folder, split, np.dtype(dtype), shard_tokens
         self.record = record or SplitRecord()
-        self._pending: list[np.ndarray] = []
-        self._pending_tokens = 0
-        self._pending_docs = 0
+        self._file = None
+        self._tokens = 0
+        self._docs = 0
+
+    def _tmp(self) -> Path:
+        return self.folder / f".{shard_name(self.split, len(self.record.shards))}.tmp"
 
     def add(self, tokens: np.ndarray) -> ShardRecord | None:
-        self._pending.append(tokens)
-        self._pending_tokens += len(tokens)
-        self._pending_docs += 1
-        if self._pending_tokens >= self.shard_tokens:
+        if self._file is None:
+            self._file = open(self._tmp(), "wb")  # noqa: SIM115 (open until the shard closes)
+            self._file.write(b"\0" * HEADER_BYTES)  # the header is written when the shard closes
+        if len(tokens) and int(tokens.max()) > np.iinfo(self.dtype).max:
+            raise ValueError(f"token id {int(tokens.max())} does not fit a {self.dtype} shard")
+        self._file.write(np.asarray(tokens).astype(self.dtype.newbyteorder("<"), copy=False).tobytes())
+        self._tokens += len(tokens)
+        self._docs += 1
+        if self._tokens >= self.shard_tokens:
             return self.flush()
         return None
 
     def flush(self) -> ShardRecord | None:
-        """Write what is pending as a shard (nothing when nothing is pending)."""
-        if not self._pending:
+        """Close the open shard (nothing when none is open)."""
+        if self._file is None:
             return None
-        tokens = np.concatenate(self._pending)
-        data = encode_shard(tokens, self.dtype)
+        f, tmp = self._file, self._tmp()
+        f.seek(0)
+        f.write(shard_header(self._tokens, self.dtype))
+        f.flush()
+        os.fsync(f.fileno())
+        f.close()
+        self._file = None
         name = shard_name(self.split, len(self.record.shards))
-        write_atomic(self.folder / name, data)
-        shard = ShardRecord(name, int(len(tokens)), hashlib.sha256(data).hexdigest())
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, self.folder / name)
+        shard = ShardRecord(name, self._tokens, file_sha256(self.folder / name))
         self.record.shards.append(shard)
         self.record.tokens += shard.tokens
-        self.record.documents += self._pending_docs
-        self._pending, self._pending_tokens, self._pending_docs = [], 0, 0
+        self.record.documents += self._docs
+        self._tokens, self._docs = 0, 0
         return shard
+
+    def abandon(self) -> None:
+        """Drop the open shard's temporary file (an interrupted prepare)."""
+        if self._file is not None:
+            self._file.close()
+            self._tmp().unlink(missing_ok=True)
+            self._file = None
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def file_sha256(path: Path) -> str:

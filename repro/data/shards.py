@@ -55,10 +55,15 @@ def encode_shard(tokens: np.ndarray, dtype: np.dtype) -> bytes:
             f"token ids up to {int(tokens.max())} do not fit a {dtype} shard (ids 0..{np.iinfo(dtype).max}); "
             f"a vocabulary over 65,536 needs uint32 shards"
         )
-    magic, version = KINDS[dtype]
+    return shard_header(len(tokens), dtype) + tokens.astype(dtype.newbyteorder("<"), copy=False).tobytes()
+
+
+def shard_header(num_tokens: int, dtype: np.dtype) -> bytes:
+    """The 256 x int32 header of a shard of ``num_tokens`` tokens of ``dtype``."""
+    magic, version = KINDS[np.dtype(dtype)]
     header = np.zeros(HEADER_INTS, dtype="<i4")
-    header[:3] = (magic, version, len(tokens))
-    return header.tobytes() + tokens.astype(dtype.newbyteorder("<"), copy=False).tobytes()
+    header[:3] = (magic, version, num_tokens)
+    return header.tobytes()
 
 
 def write_shard(path: str | os.PathLike, tokens: np.ndarray, dtype: np.dtype) -> None:

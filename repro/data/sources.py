@@ -9,7 +9,8 @@ A source is one of:
   - ``hf_disk``: a folder written by ``datasets``' ``save_to_disk`` (memory-mapped);
   - ``hub``: a Hugging Face dataset id (with a config and a split), streamed; this needs the
     network, which the suite otherwise never touches.
-Row sources are read through ``datasets`` in streaming mode. Every document has a stable name:
+Local row files are read in batches (pyarrow) or line by line (JSON lines); ``hf_disk`` and
+``hub`` through ``datasets`` (streaming). Every document has a stable name:
 a file's name, the play's name, a name column, or the row's position in the source.
 """
 
@@ -18,6 +19,8 @@ from __future__ import annotations
 import glob
 import hashlib
 import importlib.metadata as metadata
+import itertools
+import json
 import os
 import re
 from collections.abc import Iterator
@@ -248,19 +251,94 @@ def iter_documents(resolved: ResolvedSource, split: str | None = None) -> Iterat
 
 
 def _rows(resolved: ResolvedSource, split: str) -> Iterator[Document]:
+    source = resolved.source
+    where = f"source {source.location[0]!r}"
+    if resolved.format in BUILDERS:
+        rows = (row for f in resolved.files for row in _file_rows(f, resolved.format, source))
+    else:
+        rows = _datasets_rows(resolved, split, where)
+    for i, row in enumerate(rows):
+        if source.text_column not in row:
+            raise ValueError(f"{where}: row {i} has no column {source.text_column!r}; it has {sorted(row)}")
+        text = row[source.text_column]
+        name = str(row[source.name_column]) if source.name_column else str(i)
+        if isinstance(text, str) and text.strip():
+            yield Document(name, text)
+
+
+def _file_rows(path: Path, fmt: str, source: Source) -> Iterator[dict]:
+    """The rows of one local file, read in batches (pyarrow) or line by line (JSON lines)."""
+    columns = [c for c in (source.text_column, source.name_column) if c]
+    if fmt == "jsonl":
+        yield from _json_lines(path)
+        return
+    import pyarrow as pa
+
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        file = pq.ParquetFile(path)
+        missing = [c for c in columns if c not in file.schema_arrow.names]
+        if missing:
+            raise ValueError(
+                f"source {str(path)!r}: no column {missing[0]!r}; its columns are {file.schema_arrow.names}"
+            )
+        batches = file.iter_batches(batch_size=1024, columns=columns)
+    elif fmt == "arrow":
+        try:
+            reader = pa.ipc.open_file(path)
+            batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+        except pa.ArrowInvalid:
+            batches = iter(pa.ipc.open_stream(path))  # the stream format (what datasets writes)
+    else:
+        import pyarrow.csv as pcsv
+
+        batches = iter(pcsv.open_csv(path))
+    for batch in batches:
+        yield from batch.to_pylist()
+
+
+def _json_lines(path: Path) -> Iterator[dict]:
+    name = str(path)
+    if name.endswith(".gz"):
+        import gzip
+
+        stream = gzip.open(path, "rt", encoding="utf-8")  # noqa: SIM115 (closed by the with below)
+    elif name.endswith(".zst"):
+        try:
+            import zstandard
+        except ImportError:
+            raise ImportError(
+                f"source {name!r}: reading .zst needs the zstandard package (pip install zstandard)"
+            ) from None
+        import io
+
+        raw = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)  # noqa: SIM115
+        stream = io.TextIOWrapper(raw, encoding="utf-8")
+    else:
+        stream = open(path, encoding="utf-8")  # noqa: SIM115 (closed by the with below)
+    with stream:
+        first = stream.read(1)
+        while first.isspace():
+            first = stream.read(1)
+        if first == "[":  # a JSON array (small files only: it is read whole)
+            yield from json.loads(first + stream.read())
+            return
+        lines = itertools.chain([first + stream.readline()], stream)
+        for number, line in enumerate(lines, 1):
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"source {name!r}: line {number} is not JSON ({exc.msg})") from None
+
+
+def _datasets_rows(resolved: ResolvedSource, split: str, where: str) -> Iterator[dict]:
     import datasets
 
     datasets.disable_progress_bars()
     source = resolved.source
-    where = f"source {source.location[0]!r}"
-    if resolved.format in BUILDERS:
-        ds = datasets.load_dataset(
-            BUILDERS[resolved.format],
-            data_files={"train": [str(f) for f in resolved.files]},
-            split="train",
-            streaming=True,
-        )
-    elif resolved.format == "hf_disk":
+    if resolved.format == "hf_disk":
         loaded = datasets.load_from_disk(source.location[0])
         if isinstance(loaded, datasets.DatasetDict):
             if split not in loaded:
@@ -276,17 +354,10 @@ def _rows(resolved: ResolvedSource, split: str) -> Iterator[Document]:
                 f"{where}: cannot stream it from the Hugging Face Hub ({_first_line(exc)})"
             ) from None
     columns = ds.column_names if getattr(ds, "column_names", None) else None
-    if columns is not None and source.text_column not in columns:
-        raise ValueError(f"{where}: no column {source.text_column!r}; its columns are {columns}")
-    if source.name_column and columns is not None and source.name_column not in columns:
-        raise ValueError(f"{where}: no name column {source.name_column!r}; its columns are {columns}")
-    for i, row in enumerate(ds):
-        if source.text_column not in row:
-            raise ValueError(f"{where}: row {i} has no column {source.text_column!r}; it has {sorted(row)}")
-        text = row[source.text_column]
-        name = str(row[source.name_column]) if source.name_column else str(i)
-        if isinstance(text, str) and text.strip():
-            yield Document(name, text)
+    for column in (source.text_column, source.name_column):
+        if column and columns is not None and column not in columns:
+            raise ValueError(f"{where}: no column {column!r}; its columns are {columns}")
+    yield from ds
 
 
 def _allow_hub() -> None:

@@ -160,6 +160,8 @@ def write_prepared(
     records = {name: _record(rec) for name, rec in state["splits"].items()}
     ends = {name: int(rec.get("next_item", 0)) for name, rec in state["splits"].items()}
     start = min(ends.values(), default=0)  # the earliest item a split still needs
+    for stale in folder.glob(".*.tmp"):  # a shard a killed prepare left half written
+        stale.unlink()
     write_atomic(folder / settings["tokenizer"]["file"], tokenizer.to_bytes())
     writers: dict[str, ShardWriter] = {}
 
@@ -190,9 +192,13 @@ def write_prepared(
                     ends[name] = i + 1  # the shard holds every item of its split before i + 1
                     save_state()
             bar.update(len(chunk), sum(len(x) for x in encoded))
+    except BaseException:
+        for w in writers.values():
+            w.abandon()
+        raise
     finally:
         bar.close()
-    for name, w in writers.items():
+    for w in writers.values():
         w.flush()
     splits = {name: w.record for name, w in writers.items()}
     for name, rec in records.items():

@@ -9,6 +9,7 @@ so a file means the same thing under ``repro fit`` and under an experiment.
 from __future__ import annotations
 
 import copy
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import yaml
 
 from repro.data import TextDataModule
+from repro.data.datamodule import PATH_FIELDS
 from repro.files import read_yaml, write_text_atomic
 from repro.models import GPTConfig
 
@@ -67,8 +69,17 @@ class ModelConfig:
     def width_field(self) -> str:
         return width_field(self.shape_config().attention)
 
+    def data_args(self, **overrides: Any) -> dict[str, Any]:
+        """The data section with ``overrides``; paths in the file are relative to it (as
+        ``repro fit`` reads them), paths in ``overrides`` are taken as given."""
+        args = dict(self.data)
+        for name in PATH_FIELDS:
+            if args.get(name) is not None:
+                args[name] = os.path.normpath(Path(self.path).parent / os.path.expanduser(str(args[name])))
+        return {**args, **overrides}
+
     def datamodule(self, **overrides: Any) -> TextDataModule:
-        return TextDataModule(**{**self.data, **overrides})
+        return TextDataModule(**self.data_args(**overrides))
 
     def value(self, dotted: str) -> Any:
         """The value a dotted key (``trainer.max_steps``) has in the file, or None."""

@@ -65,6 +65,9 @@ def load_settings(cls: type[S], path: str | os.PathLike, what: str, **overrides:
         for f in dataclasses.fields(cls)
         if f.init and f.name != "path" and f.name in namespace
     }
+    for name in getattr(cls, "RELATIVE_PATHS", ()):  # folders that need not exist yet: resolved here
+        if isinstance(values.get(name), str) and not os.path.isabs(os.path.expanduser(values[name])):
+            values[name] = os.path.normpath(path.resolve().parent / values[name])
     values.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return cls(**values, path=str(path))

@@ -26,6 +26,7 @@ NOT_RESULTS = (
     "trainer.default_root_dir",
     "data.cache_dir",
     "data.num_workers",
+    "data.verify",
 )
 
 
@@ -123,8 +124,10 @@ class RunSpec:
         return doc
 
     def fingerprint(self) -> str:
+        model = self.resolved_config()
         payload = {
-            "model": self.resolved_config(),
+            "model": model,
+            "data": prepared_identity(model, self.config),
             "seed": self.seed,
             "steps": self.steps,
             "eval_every": self.eval_every,
@@ -132,6 +135,22 @@ class RunSpec:
             "stages": self.stages,
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def prepared_identity(doc: dict, config: str) -> str | None:
+    """A prepared corpus's identity (its manifest's tokenizer and shard checksums), so a run on a
+    corpus prepared again differently is not taken for a finished one; None for other corpora."""
+    data = doc.get("data") or {}
+    if data.get("corpus") != "prepared" or not data.get("prepared_dir"):
+        return None
+    folder = Path(config).parent / str(data["prepared_dir"])
+    manifest = folder / "manifest.json"
+    if not manifest.is_file():
+        return f"not prepared: {folder}"
+    record = json.loads(manifest.read_text())
+    return hashlib.sha256(
+        json.dumps([record.get("tokenizer"), record.get("splits")], sort_keys=True).encode()
+    ).hexdigest()[:16]
 
 
 def _set(doc: dict, dotted: str, value: Any) -> None:

@@ -60,7 +60,17 @@ def plan_rows(settings: ClappingSettings) -> list[ClappingRow]:
 
 
 def finetune_data(settings: ClappingSettings, subset: str) -> dict[str, Any]:
-    """The data overrides of the base (``pretrain``) and of the fine-tune rows (``finetune``)."""
+    """The data overrides of the base (``pretrain``) and of the fine-tune rows (``finetune``): the
+    plays held back from pretraining, or a prepared folder of their own (the base then trains on
+    the model config's data as it is)."""
+    if settings.finetune_data:
+        if subset != "finetune":
+            return {}
+        return {
+            "data.corpus": "prepared",
+            "data.prepared_dir": settings.finetune_data,
+            "data.max_train_blocks": settings.finetune_blocks,
+        }
     data: dict[str, Any] = {
         "data.finetune_documents": list(settings.finetune_documents),
         "data.train_subset": subset,

@@ -22,11 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from repro.arguments import Parser
+from repro.data.tokenizer import tokenizer_digest
 from repro.dataclass_docs import fields_help
 from repro.pipeline.memory import buffer_memory_points
 from repro.runs import Progress, RunResult, check_accelerator, train_all
 from repro.runs.budget import planned_runs, print_plan
 from repro.runs.build import VERBOSE_ENV, quiet_lightning
+from repro.runs.data_use import check_data_use, data_lines
 from repro.runs.interrupts import remember_interrupts, stop_if_interrupted
 from repro.runs.model_config import load_model_config
 from repro.runs.provenance import display_path
@@ -93,12 +95,13 @@ def run_clapping(
     config = load_model_config(settings.model)
     config.check_trainable_by_experiment("clapping model")
     cache = {"cache_dir": cache_dir} if cache_dir else {}
-    sizes, finetune_batch = {}, None
+    sizes, finetune_batch, tokenizers = {}, None, {}
     for regime in settings.regimes:  # the tokenizer and token caches, once; the sizes N
         data = finetune_data(settings, "finetune") if regime == "finetune" else {}
         dm = config.datamodule(**{k.removeprefix("data."): v for k, v in data.items()}, **cache)
         dm.setup()
         sizes[regime] = len(dm.train_set)
+        tokenizers[regime] = tokenizer_digest(dm.tokenizer)
         if dm.batch_size % settings.micro_batches:
             raise ValueError(
                 f"clapping settings: micro_batches={settings.micro_batches} does not divide the model "
@@ -106,9 +109,17 @@ def run_clapping(
             )
         if regime == "finetune":
             finetune_batch = next(iter(dm.train_dataloader()))
+    if settings.finetune_data and "finetune" in settings.regimes:
+        base_dm = config.datamodule(**cache)
+        if tokenizer_digest(base_dm.tokenizer) != tokenizers["finetune"]:
+            raise ValueError(
+                f"clapping settings: finetune_data={settings.finetune_data!r} was prepared with another tokenizer "
+                f"than the base's data; prepare it with --tokenizer <the base's prepared folder>/tokenizer.json"
+            )
     runs_dir = out / "runs"
     base = base_spec(settings, out) if "finetune" in settings.regimes else None
     jobs = grid(settings, runs_dir, base)
+    clapping_data_use(settings, base, jobs, cache_dir)  # no run may pass over its data more than its limit
     start = time.perf_counter()
     specs = ([base] if base else []) + [s for _, s in jobs]
     mine = shard.select(specs) if shard else specs
@@ -215,6 +226,27 @@ def print_clapping_plan(settings: ClappingSettings, out: Path, step_time: float 
         replace(r, gpus=settings.stages) for r in planned_runs(jobs, 2)
     ]
     print_plan(f"clapping {settings.scale}", runs, str(settings.model), settings.accelerator, step_time)
+    for limit, uses in clapping_data_use(settings, base, grid(settings, out / "runs", base), strict=False):
+        for line in data_lines(uses, limit):
+            print(line)
+
+
+def clapping_data_use(
+    settings: ClappingSettings, base, jobs, cache_dir: str | None = None, strict: bool = True
+):
+    """[(limit, uses)]: the base and from-scratch rows against max_epochs_over_data, the fine-tune rows
+    against finetune_max_epochs_over_data."""
+    what = f"clapping {settings.scale}"
+    tune = [spec for row, spec in jobs if row.regime == "finetune"]
+    rest = ([base] if base else []) + [spec for row, spec in jobs if row.regime != "finetune"]
+    out = []
+    for limit, specs in (
+        (settings.max_epochs_over_data, rest),
+        (settings.finetune_max_epochs_over_data, tune),
+    ):
+        if specs:
+            out.append((limit, check_data_use(specs, limit, what, cache_dir, strict)))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

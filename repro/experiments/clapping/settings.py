@@ -76,6 +76,9 @@ class ClappingSettings:
     from_scratch: Grid  # the rows of the from-scratch ablation
     regimes: tuple[str, ...] = REGIMES  # which regimes run
     finetune_documents: tuple[str, ...] = ("hamlet", "macbeth")  # kept from pretraining; rows tune on them
+    finetune_data: str | None = (
+        None  # or a prepared folder (relative to this file) the rows tune on, same tokenizer as the base
+    )
     finetune_blocks: int | None = 320  # N: fine-tune training blocks (evenly spaced); None = all
     finetune_lr: float = 3e-4  # peak learning rate of the fine-tune rows
     finetune_warmup_steps: int = 5  # linear warm-up of the fine-tune rows
@@ -94,7 +97,15 @@ class ClappingSettings:
     quant_error_bits: tuple[int, ...] = (2, 4, 8)  # bits of the quantizer-error table on real messages
     memory_sizes: tuple[int, ...] = (1000, 4000, 16000, 64000)  # dataset sizes N of the memory figure
     accelerator: Literal["cpu", "gpu"] = "cpu"  # where every run trains
+    max_epochs_over_data: float | None = (
+        None  # the base and from-scratch rows may pass over their data at most this often (None: no limit)
+    )
+    finetune_max_epochs_over_data: float | None = (
+        None  # the same for the fine-tune rows (a few epochs is their regime)
+    )
     path: str = field(default="", compare=False)  # the YAML these settings came from
+
+    RELATIVE_PATHS = ("finetune_data",)  # folders named relative to the settings file
 
     def __post_init__(self) -> None:
         where = f"clapping settings {self.path!r}" if self.path else "clapping settings"
@@ -118,8 +129,20 @@ class ClappingSettings:
             or any(not isinstance(s, int) or s < 0 for s in self.seeds)
         ):
             raise ValueError(f"{where}: seeds={list(self.seeds)!r}: give distinct non-negative integers")
-        if "finetune" in self.regimes and not self.finetune_documents:
-            raise ValueError(f"{where}: finetune_documents is empty; name the plays the rows fine-tune on")
+        if "finetune" in self.regimes and not self.finetune_documents and not self.finetune_data:
+            raise ValueError(
+                f"{where}: finetune_documents is empty and finetune_data is not set; name the plays the rows "
+                f"fine-tune on, or a prepared folder"
+            )
+        if self.finetune_documents and self.finetune_data:
+            raise ValueError(
+                f"{where}: finetune_documents and finetune_data are both set; give finetune_documents: [] with a "
+                f"prepared finetune_data folder"
+            )
+        for name in ("max_epochs_over_data", "finetune_max_epochs_over_data"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{where}: {name}={value!r}: a positive number or null")
         if not self.finetune_lr > 0:
             raise ValueError(f"{where}: finetune_lr={self.finetune_lr!r}: must be > 0")
         if not 0.0 < float(self.lazy_p) <= 1.0:

@@ -9,6 +9,7 @@ from math import comb
 from pathlib import Path
 
 from repro.runs.budget import PlannedRun, config_facts, planned_runs, print_plan
+from repro.runs.data_use import check_data_use, data_lines
 
 from .plan import ROW_METHODS, make_plan, stage1_specs
 from .settings import Table1Settings
@@ -47,3 +48,14 @@ def print_table1_plan(
     reference = (plan.target if member == "target" else plan.source).path
     title = f"table1 {settings.scale} (stage 2 at most: equal allocations share runs)"
     print_plan(title, planned_table1(settings, out), reference, settings.accelerator, step_time)
+    for line in data_lines(table1_data_use(settings, out, strict=False), settings.max_epochs_over_data):
+        print(line)
+
+
+def table1_data_use(settings: Table1Settings, out: Path, cache_dir: str | None = None, strict: bool = True):
+    """How much of its training split each kind of run reads (the profile runs and the reference
+    row; every row trains like the reference), checked against max_epochs_over_data."""
+    specs = [
+        s for arch in settings.architectures for s in stage1_specs(make_plan(settings, arch, out), settings)
+    ]
+    return check_data_use(specs, settings.max_epochs_over_data, f"table1 {settings.scale}", cache_dir, strict)

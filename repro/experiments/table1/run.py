@@ -47,7 +47,7 @@ from repro.runs.interrupts import remember_interrupts
 from repro.runs.scale_args import add_scale_args
 from repro.runs.shards import Shard, finished_results, wait_for
 
-from .cost import print_table1_plan
+from .cost import print_table1_plan, table1_data_use
 from .float_spread import float_spread
 from .plan import (
     ROW_METHODS,
@@ -87,6 +87,7 @@ def run_table1(
         raise ValueError("--float-spread runs in one process: give it without --shard")
     check_accelerator(settings.accelerator)
     plans = [make_plan(settings, arch, out) for arch in settings.architectures]
+    table1_data_use(settings, out, cache_dir)  # no run may pass over its data more than the limit
     vocab = {}
     for plan in plans:  # the tokenizer and token caches, once, before any worker starts
         dm = plan.target.datamodule(**({"cache_dir": cache_dir} if cache_dir else {}))

@@ -45,6 +45,9 @@ class Table1Settings:
     runs_per_gpu: int = 1  # GPU: runs sharing each GPU (small models leave a GPU idle); all GPUs are used
     architectures: tuple[str, ...] = ARCHITECTURES  # which halves of the table to run
     target_difference: float = 0.01  # the difference (nats) the power figures ask about
+    max_epochs_over_data: float | None = (
+        None  # stop before training if a run would pass over its training split more often (None: no limit)
+    )
     path: str = field(default="", compare=False)  # the YAML these settings came from
 
     def __post_init__(self) -> None:
@@ -113,6 +116,10 @@ class Table1Settings:
         if bad:
             raise ValueError(
                 f"{where}: sweep_methods={list(self.sweep_methods)!r}: allowed {', '.join(SWEEP_METHODS)}"
+            )
+        if self.max_epochs_over_data is not None and not self.max_epochs_over_data > 0:
+            raise ValueError(
+                f"{where}: max_epochs_over_data={self.max_epochs_over_data!r}: a positive number or null"
             )
         if self.accelerator not in ("cpu", "gpu"):
             raise ValueError(f"{where}: accelerator={self.accelerator!r}; allowed 'cpu', 'gpu'")
