@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 
 
 def evenly_spaced(n: int, at_most: int | None) -> np.ndarray | None:
@@ -68,11 +68,33 @@ class PackedBlocks(Dataset):
         return {"input_ids": chunk[:-1], "targets": chunk[1:], "sample_id": torch.tensor(i)}
 
     def __getitems__(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
-        """A whole batch at once (the DataLoader's batched fetch): one int64 conversion per batch."""
+        """A whole batch at once (the DataLoader's batched fetch): one gather and one int64
+        conversion. The samples come stacked as well, which ``collate_blocks`` passes through
+        (any other collate function sees the usual list of samples)."""
         starts = self.indices[np.asarray(indices, dtype=np.int64)] * self.block_size
         rows = np.stack([self.window(int(s), self.block_size + 1) for s in starts]).astype(np.int64)
-        chunk = torch.from_numpy(rows)
-        return [
-            {"input_ids": chunk[j, :-1], "targets": chunk[j, 1:], "sample_id": torch.tensor(i)}
-            for j, i in enumerate(indices)
-        ]
+        batch = {
+            "input_ids": torch.from_numpy(np.ascontiguousarray(rows[:, :-1])),
+            "targets": torch.from_numpy(np.ascontiguousarray(rows[:, 1:])),
+            "sample_id": torch.as_tensor(indices, dtype=torch.int64),
+        }
+        return StackedSamples({k: v[j] for k, v in batch.items()} for j in range(len(indices))).with_batch(
+            batch
+        )
+
+
+class StackedSamples(list):
+    """A list of samples that also holds them stacked into a batch."""
+
+    batch: dict[str, torch.Tensor]
+
+    def with_batch(self, batch: dict[str, torch.Tensor]) -> StackedSamples:
+        self.batch = batch
+        return self
+
+
+def collate_blocks(samples):
+    """The collate function of block loaders: samples that come stacked are passed through."""
+    if isinstance(samples, StackedSamples):
+        return samples.batch
+    return default_collate(samples)

@@ -24,7 +24,7 @@ import torch
 from jsonargparse.typing import path_type
 from torch.utils.data import DataLoader
 
-from .blocks import PackedBlocks, evenly_spaced
+from .blocks import PackedBlocks, collate_blocks, evenly_spaced
 from .corpus import IN_MEMORY_CORPORA, DocumentSplit, load_documents, split_documents
 from .prepared import DEFAULT_SHARD_TOKENS, VERIFY_MODES, PreparedCorpus
 from .sampler import LazyBatchSampler
@@ -382,6 +382,7 @@ class TextDataModule(L.LightningDataModule):
             self.train_set,
             batch_sampler=sampler,
             generator=torch.Generator(),  # the loader's own seed draw leaves the global RNG alone
+            collate_fn=collate_blocks,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
         )
@@ -397,12 +398,20 @@ class TextDataModule(L.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(
-            self.val_set, batch_size=self.eval_batch_size, shuffle=False, num_workers=self.num_workers
+            self.val_set,
+            batch_size=self.eval_batch_size,
+            shuffle=False,
+            collate_fn=collate_blocks,
+            num_workers=self.num_workers,
         )
 
     def test_dataloader(self) -> DataLoader:
         return DataLoader(
-            self.test_set, batch_size=self.eval_batch_size, shuffle=False, num_workers=self.num_workers
+            self.test_set,
+            batch_size=self.eval_batch_size,
+            shuffle=False,
+            collate_fn=collate_blocks,
+            num_workers=self.num_workers,
         )
 
 

@@ -18,7 +18,7 @@ from repro.runs.settings import ConfigPath, shipped_settings
 from repro.runs.settings import load_settings as load_settings_file
 
 PRESETS = ("full", "quick", "gpu")
-SECTIONS = ("lightning", "rope", "compile", "pipeline", "compressors", "network", "memory", "scale")
+SECTIONS = ("lightning", "rope", "compile", "pipeline", "compressors", "network", "memory", "scale", "data")
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,15 @@ class BenchSettings:
     compile_warmup_steps: int = 10  # compile section: untimed steps first (compilation happens here)
     compile_timed_steps: int = 30  # compile section: timed steps per path and model
     compile_repeats: int = 3  # compile section: interleaved repeats (compilation is cached after the first)
+    data_corpus_mb: float = 16.0  # data section: generated corpus of the prepare and loader throughput
+    data_rss_corpus_mb: float = 2048.0  # data section: generated corpus of the prepare's peak-memory row
+    data_vocab_size: int = 8192  # data section: BPE vocabulary of the throughput rows
+    data_workers: int = 0  # data section: prepare workers (0 = every core)
+    data_repeats: int = 2  # data section: interleaved repeats of the throughput rows
+    data_loader_batches: int = 200  # data section: batches timed per loader repeat
+    gpu_tokens_per_s: float = (
+        651_000.0  # data section: tokens/s of a compiled paper_mha step on one H200 (measured)
+    )
     sections: tuple[str, ...] = SECTIONS  # which sections run
     path: str = field(default="", compare=False)  # the YAML these settings came from
 
@@ -112,11 +121,17 @@ class BenchSettings:
             "compile_warmup_steps",
             "compile_timed_steps",
             "compile_repeats",
+            "data_vocab_size",
+            "data_repeats",
+            "data_loader_batches",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{where}: {name}={value!r}: must be a positive integer")
-        for name in ("warmup_steps", "pipe_warmup_steps"):
+        for name in ("data_corpus_mb", "data_rss_corpus_mb", "gpu_tokens_per_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{where}: {name}={getattr(self, name)!r}: must be > 0")
+        for name in ("warmup_steps", "pipe_warmup_steps", "data_workers"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{where}: {name}={value!r}: must be an integer >= 0")
