@@ -43,22 +43,19 @@ print(n / (time.perf_counter() - start))
 
 
 def generate_jsonl(path: Path, megabytes: float, seed: int = 0) -> int:
-    """A JSON-lines corpus of about ``megabytes`` of English-like text (Zipf-distributed words of a
-    fixed random vocabulary), written in pieces; returns its size in bytes."""
+    """A JSON-lines corpus of about ``megabytes`` of English-like text: documents of about 5 kB
+    cut at random places from a pool of Zipf-distributed words of a fixed random vocabulary;
+    returns its size in bytes."""
     rng = np.random.default_rng(seed)
     letters = np.array(list("etaoinshrdlucmfwypvbgkqjxz"))
     vocab = np.array(["".join(rng.choice(letters, rng.integers(1, 9))) for _ in range(20_000)])
     weights = 1.0 / np.arange(1, len(vocab) + 1)
-    weights /= weights.sum()
+    pool = " ".join(vocab[rng.choice(len(vocab), 2_000_000, p=weights / weights.sum())])
     target, written = int(megabytes * 1e6), 0
     with open(path, "w") as f:
         while written < target:
-            words = vocab[rng.choice(len(vocab), 400_000, p=weights)]
-            text = " ".join(words)
-            lines = []
-            for start in range(0, len(text) - 6000, 5000):  # documents of about 5 kB
-                lines.append(json.dumps({"text": text[start : start + 5000]}) + "\n")
-            chunk = "".join(lines)
+            starts = rng.integers(0, len(pool) - 6000, 2000)
+            chunk = "".join(json.dumps({"text": pool[s : s + 5000]}) + "\n" for s in starts)
             f.write(chunk)
             written += len(chunk)
     return path.stat().st_size
