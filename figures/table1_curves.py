@@ -1,7 +1,8 @@
 """Validation-loss curves of the Table 1 rows (mean over seeds with a 95% confidence band), from
 the runs' result logs. Top row: the whole run; bottom row: the last two thirds, zoomed (said in
 its title), where the rows separate. Rows whose allocations are the same share their runs and are
-drawn once, labelled with every name (e.g. ``first-k = transferred``).
+drawn once, labelled with every name (e.g. ``first-k = transferred``); each architecture has its
+own legend, since the rows that coincide differ between them.
 
 Steps are optimizer steps as the result log records them: an evaluation after step 300 of a
 300-step run is at 300 (TensorBoard files the same value under step 299; the fallback below
@@ -89,11 +90,17 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
         for ax in axes[:, col]:
             ax.set_xlabel("optimizer step")
             ax.set_ylabel("validation loss (nats/token)")
-    handles: dict[str, object] = {}
-    for ax in axes[0]:
-        for h, lab in zip(*ax.get_legend_handles_labels()):
-            handles.setdefault(lab, h)
-    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=4, frameon=False)
+    for col in range(len(archs)):  # one legend per architecture: their equal-row groups differ
+        handles, labels = axes[0, col].get_legend_handles_labels()
+        axes[1, col].legend(
+            handles,
+            labels,
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.28),
+            ncol=2,
+            frameon=False,
+            fontsize=6,
+        )
     fig.suptitle(
         f"Table 1 rows, scale {doc['scale']}: mean over seeds, bands 95% CI of the mean; † not budget-matched"
     )

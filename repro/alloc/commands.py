@@ -17,6 +17,7 @@ from repro.files import read_json, write_json_atomic
 from repro.models.config import GPTConfig
 from repro.runs.budget import planned_runs, print_plan
 from repro.runs.build import VERBOSE_ENV, quiet_lightning
+from repro.runs.interrupts import interrupted_line
 from repro.runs.model_config import load_model_config, write_model_config
 from repro.runs.shards import Shard
 
@@ -58,6 +59,10 @@ def main(argv: list[str]) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"repro {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        trains = hasattr(args, "runs_dir") and getattr(args, "out", None) is not None
+        print(interrupted_line(args.command, _runs_dir(args) if trains else Path(".")), file=sys.stderr)
+        return 130
     return 0
 
 

@@ -12,9 +12,7 @@ A batch is a dict with ``input_ids`` (B, T), ``targets`` (B, T) and ``sample_id`
 
 from __future__ import annotations
 
-import hashlib
 import os
-import shutil
 from pathlib import Path
 from typing import Literal
 
@@ -25,12 +23,12 @@ from jsonargparse.typing import path_type
 from torch.utils.data import DataLoader
 
 from .blocks import PackedBlocks, collate_blocks, evenly_spaced
-from .corpus import IN_MEMORY_CORPORA, DocumentSplit, load_documents, split_documents
-from .prepared import DEFAULT_SHARD_TOKENS, VERIFY_MODES, PreparedCorpus
+from .corpus import IN_MEMORY_CORPORA, DocumentSplit
+from .prepared import VERIFY_MODES, PreparedCorpus
 from .sampler import LazyBatchSampler
 from .shards import dtype_for_vocab, open_shard
-from .tokenizer import TOKENIZER_KINDS, TextTokenizer, load_or_train_tokenizer, load_tokenizer_file
-from .writing import write_prepared
+from .small_corpus import SmallCorpus
+from .tokenizer import TOKENIZER_KINDS, TextTokenizer, load_tokenizer_file
 
 CORPUS_KINDS = (*IN_MEMORY_CORPORA, "prepared", "shards")
 # A folder or a file that must exist; in a config file, relative to that file.
@@ -155,114 +153,55 @@ class TextDataModule(L.LightningDataModule):
         self.shuffle_seed = shuffle_seed
         self.num_workers = num_workers
         self.cache_dir = Path(cache_dir)
-        self._split: DocumentSplit | None = None
-        self._tokenizer_documents: list = []  # what the tokenizer learns from (set with the split)
+        self._small: SmallCorpus | None = None
         self._tokenizer: TextTokenizer | None = None
-        self._tokenizer_path: Path | None = None
         self._corpus: PreparedCorpus | None = None
         self._shards: dict[str, list[np.ndarray]] = {}
 
     # ------------------------------------------------------------------ the small corpora (in memory)
     @property
-    def split(self) -> DocumentSplit:
-        """The document split of a small corpus (the others are split when prepared)."""
+    def small(self) -> SmallCorpus:
+        """A small corpus's split, tokenizer and cached prepared folder."""
         if self.corpus not in IN_MEMORY_CORPORA:
             raise AttributeError(
                 f"data.corpus={self.corpus!r} is split by `repro data prepare`, not in memory"
             )
-        if self._split is None:
-            loaded = load_documents(
+        if self._small is None:
+            self._small = SmallCorpus(
                 self.corpus,
                 self.cache_dir,
-                text_files=self.text_files,
-                hf_dataset_dir=self.hf_dataset_dir,
-                text_field=self.text_field,
-                strip_markdown=self.strip_markdown,
+                self.text_files,
+                self.hf_dataset_dir,
+                self.text_field,
+                self.strip_markdown,
+                self.val_fraction,
+                self.val_documents,
+                self.test_fraction,
+                self.test_documents,
+                self.finetune_documents,
+                self.train_subset,
+                self.split_seed,
+                self.tokenizer_kind,
+                self.requested_vocab_size,
+                self.tokenizer_file,
+                self.eos_token,
             )
-            if isinstance(loaded, DocumentSplit):
-                split = loaded
-            else:
-                split = split_documents(
-                    loaded,
-                    self.val_fraction,
-                    self.split_seed,
-                    self.val_documents,
-                    self.test_fraction,
-                    self.test_documents,
-                )
-            self._split, self._tokenizer_documents = self._training_subset(split)
-        return self._split
+        return self._small
 
-    def _training_subset(self, split: DocumentSplit) -> tuple[DocumentSplit, list]:
-        """The split with the training documents of ``train_subset``, and the documents the
-        tokenizer learns from (never the fine-tuning text, so a base model and its fine-tuned
-        versions share one vocabulary)."""
-        if not self.finetune_documents:
-            if self.train_subset != "all":
-                raise ValueError(f"data.train_subset={self.train_subset!r} needs data.finetune_documents")
-            return split, split.train
-        names = set(self.finetune_documents)
-        pool = [d.name for d in split.train]
-        missing = sorted(names - set(pool))
-        if missing:
-            raise ValueError(
-                f"data.finetune_documents: {missing} are not training documents (held out or absent); "
-                f"the training documents are {pool}"
-            )
-        pretrain = [d for d in split.train if d.name not in names]
-        finetune = [d for d in split.train if d.name in names]
-        train = {"all": split.train, "pretrain": pretrain, "finetune": finetune}[self.train_subset]
-        return DocumentSplit(train, split.validation, split.test), pretrain
+    @property
+    def split(self) -> DocumentSplit:
+        """The document split of a small corpus (the others are split when prepared)."""
+        return self.small.split
 
-    def _cache_tokenizer(self) -> tuple[TextTokenizer, Path]:
-        if self.tokenizer_file:
-            return load_tokenizer_file(self.tokenizer_file, self.eos_token), Path(self.tokenizer_file)
-        docs = self._tokenizer_documents if self.split is not None else []
-        return load_or_train_tokenizer(
-            self.tokenizer_kind,
-            self.requested_vocab_size,
-            [d.text for d in docs],
-            DocumentSplit(docs, []).fingerprint(("train",)),  # trained on (pre)training documents alone
-            self.cache_dir,
-        )
-
-    def _prepare_in_cache(self) -> Path:
-        """The small corpus's prepared folder in the cache (written on first use: into a temporary
-        folder renamed into place, so processes that race leave one whole folder)."""
-        split = self.split
-        if self._tokenizer is None:
-            self._tokenizer, self._tokenizer_path = self._cache_tokenizer()
-        tok = self._tokenizer
-        from .tokenizer import tokenizer_digest
-
-        key = hashlib.sha256(f"{tokenizer_digest(tok)}|{split.fingerprint()}".encode()).hexdigest()[:16]
-        folder = self.cache_dir / "prepared" / f"{self.corpus}-{key}"
-        if (folder / "manifest.json").is_file():
-            return folder
-        tmp = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        items = [(name, d) for name in ("train", "validation", "test") for d in getattr(split, name)]
-        write_prepared(
-            tmp,
-            items,
-            tok,
-            self.tokenizer_file and "file" or self.tokenizer_kind,
-            dtype_for_vocab(int(tok.vocab_size)),
-            {"format": self.corpus, "fingerprint": split.fingerprint()},
-            {"rule": "in-memory", "subset": self.train_subset},
-            DEFAULT_SHARD_TOKENS,
-        )
-        try:
-            os.rename(tmp, folder)
-        except OSError:  # another process put its (identical) folder there first
-            shutil.rmtree(tmp, ignore_errors=True)
-        return folder
+    @property
+    def _tokenizer_path(self) -> Path | None:
+        return self.small.tokenizer_path if self.corpus in IN_MEMORY_CORPORA else None
 
     # ------------------------------------------------------------------ shards
     def prepare_data(self) -> None:
         """Write a small corpus's shards into the cache (Lightning calls this on one process)."""
         if self.corpus in IN_MEMORY_CORPORA:
-            self._prepare_in_cache()
+            self.small.prepared_folder()
 
     def _open(self) -> None:
         if self._shards:
@@ -270,12 +209,14 @@ class TextDataModule(L.LightningDataModule):
         if self.corpus == "shards":
             self._open_foreign_shards()
             return
-        folder = self.prepared_dir if self.corpus == "prepared" else self._prepare_in_cache()
+        folder = self.prepared_dir if self.corpus == "prepared" else self.small.prepared_folder()
         given = load_tokenizer_file(self.tokenizer_file, self.eos_token) if self.tokenizer_file else None
         what = "data.prepared_dir" if self.corpus == "prepared" else "the cached corpus"
         self._corpus = PreparedCorpus(folder, self.verify, given if self.corpus == "prepared" else None, what)
         if self._tokenizer is None:
-            self._tokenizer = given or self._corpus.tokenizer()
+            self._tokenizer = given or (
+                self.small.tokenizer if self.corpus in IN_MEMORY_CORPORA else self._corpus.tokenizer()
+            )
         self._shards = {name: self._corpus.shards(name) for name in ("train", "validation", "test")}
 
     def _open_foreign_shards(self) -> None:
@@ -308,7 +249,7 @@ class TextDataModule(L.LightningDataModule):
     def tokenizer(self) -> TextTokenizer:
         if self._tokenizer is None:
             if self.corpus in IN_MEMORY_CORPORA:
-                self._tokenizer, self._tokenizer_path = self._cache_tokenizer()
+                self._tokenizer = self.small.tokenizer
             else:
                 self._open()
             if self._tokenizer is None:
@@ -388,13 +329,17 @@ class TextDataModule(L.LightningDataModule):
         )
 
     def _resume_step(self) -> int:
-        """Training batches already taken by the attached trainer: 0 for a fresh run, the
-        checkpoint's position for a resumed one (Lightning restores its loops first)."""
+        """Training batches already trained by the attached trainer: 0 for a fresh run, the
+        checkpoint's position for a resumed one (Lightning restores its loops first). The count is
+        of batches whose step finished (``processed``): a checkpoint written when a step was
+        interrupted has fetched one batch more (``ready``), which must be trained again."""
         trainer = self.trainer
         if trainer is None or trainer.state.fn != "fit":
             return 0
         n_batches = len(self.train_set) // self.batch_size
-        return trainer.current_epoch * n_batches + trainer.fit_loop.epoch_loop.batch_progress.current.ready
+        return (
+            trainer.current_epoch * n_batches + trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        )
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(

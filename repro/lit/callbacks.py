@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import lightning as L
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+from repro.pipeline.lightning.compat import hpc_save_path, requeue_signal_of, requeue_slurm_job
+from repro.stopping import STOP, Stopped, install_stop
 
 
 class TokenThroughput(L.Callback):
@@ -38,10 +42,16 @@ class TokenThroughput(L.Callback):
 
 
 class FinalCheckpoint(L.Callback):
-    """Saves ``<log_dir>/checkpoints/<filename>`` when training ends, whatever step it stopped at
-    (Lightning's ModelCheckpoint saves on its own schedule and can miss the last steps), and
-    ``<log_dir>/checkpoints/interrupted.ckpt`` when training stops on an exception (Ctrl-C
-    included); resume with ``repro fit --config ... --ckpt_path <that file>``.
+    """The checkpoint of a fit: ``<log_dir>/checkpoints/<filename>`` when training ends, whatever
+    step it stopped at (Lightning's ModelCheckpoint saves on its own schedule and can miss the last
+    steps), or ``<log_dir>/checkpoints/interrupted.ckpt`` when a signal stops it.
+
+    SIGINT (Ctrl-C) and SIGTERM (a scheduler's time limit or preemption) stop the fit at the end of
+    the step under way (``repro.stopping``): every process saves the checkpoint together at that
+    step boundary, so ``repro fit --config ... --ckpt_path <that file>`` resumes exactly. Under
+    SLURM with auto-requeue, its requeue signal (``sbatch --signal=SIGUSR1@90``) saves Lightning's
+    ``hpc_ckpt_<n>.ckpt`` instead and requeues the job, which then resumes from it. Another
+    exception (a second Ctrl-C included) saves ``interrupted.ckpt`` in a single process.
 
     Args:
         filename: File name of the checkpoint written at the end of ``fit``.
@@ -58,14 +68,41 @@ class FinalCheckpoint(L.Callback):
         self.path = os.path.join(root, "checkpoints", filename)
         trainer.save_checkpoint(self.path)
 
+    def on_train_start(self, trainer, pl_module) -> None:
+        if trainer.world_size == 1:  # a pipeline's strategy handles the signals of its ranks
+            install_stop("process", requeue_signal_of(trainer))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.world_size == 1 and STOP.signum is not None and STOP.stopped is None:
+            STOP.stopped = Stopped(STOP.signum, int(trainer.global_step), None)
+            trainer.should_stop = True
+        stopped = STOP.stopped
+        if stopped is None or stopped.path is not None:
+            return
+        if stopped.signum == requeue_signal_of(trainer):  # save where a requeued start finds it, requeue
+            self.path = hpc_save_path(trainer, trainer.default_root_dir)
+            trainer.save_checkpoint(self.path)
+            if trainer.is_global_zero:
+                requeue_slurm_job()
+        else:
+            self._save(trainer, "interrupted.ckpt")  # every process together (a pipeline: a collective)
+        stopped.path = self.path
+
     def on_train_end(self, trainer, pl_module) -> None:
-        self._save(trainer, self.filename)
+        if STOP.stopped is None:
+            self._save(trainer, self.filename)
+        if trainer.world_size == 1:
+            STOP.restore()
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        if trainer.world_size == 1:
+            STOP.restore()
         if (
             trainer.state.fn == "fit" and trainer.global_step > 0 and trainer.world_size == 1
-        ):  # a collective elsewhere
+        ):  # several processes save only together, at a step boundary (above)
             self._save(trainer, "interrupted.ckpt")
+            if isinstance(exception, KeyboardInterrupt):  # a second Ctrl-C
+                STOP.stopped = Stopped(signal.SIGINT, int(trainer.global_step), self.path)
             rank_zero_info(
                 f"training stopped at step {trainer.global_step}; resume with --ckpt_path={self.path}"
             )

@@ -20,7 +20,9 @@ from lightning.pytorch.cli import LightningCLI
 
 from repro.data import TextDataModule
 from repro.models import GPTConfig
+from repro.pipeline.options import PipelineOptions
 
+from .callbacks import FinalCheckpoint
 from .checkpoints import check_checkpoint_matches, read_checkpoint
 from .gpt_module import GPTLightningModule
 from .precision import default_precision
@@ -55,6 +57,13 @@ def one_line(exc: Exception) -> str:
     specific = [r for r in reasons if not r.startswith("Expected a <class")]  # the alternatives of a union
     reason = (specific or reasons or lines)[0]
     reason = re.sub(r"Expected a <class '(\w+)'>", r"expected \1", reason)
+    missing = re.search(
+        r"Not of type Path_\w+: (Directory|File|Path) does not exist: '([^']*)'", " ".join(lines)
+    )
+    if missing:  # a path (relative to the config file that names it) that is not there
+        kind = {"Directory": "folder", "File": "file"}.get(missing.group(1), "file or folder")
+        hint = "; make it with `repro data prepare SOURCE --out DIR`" if key == "data.prepared_dir" else ""
+        return f"{key}: no such {kind} {os.path.normpath(missing.group(2))!r}{hint}"
     if key and not reason.startswith(key):
         return f"{key}={given}: {reason}" if given and len(keys) > 1 else f"{key}: {reason}"
     return reason
@@ -62,6 +71,20 @@ def one_line(exc: Exception) -> str:
 
 class ConfigError(ValueError):
     """A config or checkpoint that cannot be used (the message names the field or file)."""
+
+
+def check_external_launch(processes: int, devices: int, nodes: int, env=None) -> None:
+    """Under torchrun, the processes it started must be the run's devices x num_nodes."""
+    env = os.environ if env is None else env
+    if "TORCHELASTIC_RUN_ID" not in env or "WORLD_SIZE" not in env:
+        return
+    world, local = int(env["WORLD_SIZE"]), int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"]))
+    if world != processes:
+        raise ConfigError(
+            f"torchrun started WORLD_SIZE={world} processes ({local} per node), but trainer.devices={devices} x "
+            f"trainer.num_nodes={nodes} = {processes}; pass --trainer.devices={local} "
+            f"--trainer.num_nodes={max(1, world // max(local, 1))}"
+        )
 
 
 def _gpt_fields(gpt) -> dict:
@@ -105,20 +128,47 @@ class ReproCLI(LightningCLI):
 
     @staticmethod
     def _check_pipeline_stages(config) -> None:
-        """A pipeline needs at least one layer per stage (checked here, before K processes start)."""
+        """What a pipeline run needs, checked here, before its K processes start: a layer per stage,
+        a batch that splits into the micro-batches, the stages the processes give, and (under
+        torchrun) as many processes as torchrun started."""
         trainer, gpt = config.get("trainer") or {}, config.get("model", {}).get("gpt")
         strategy = trainer.get("strategy")
         name = strategy if isinstance(strategy, str) else (strategy or {}).get("class_path", "")
         devices, nodes = trainer.get("devices"), trainer.get("num_nodes") or 1
         devices = int(devices) if isinstance(devices, str) and devices.isdigit() else devices
-        if "clapping" not in str(name).lower() or gpt is None or not isinstance(devices, int):
+        if "clapping" not in str(name).lower() or not isinstance(devices, int):
             return
-        n_layer = _gpt_fields(gpt).get("n_layer")
-        if isinstance(n_layer, int) and devices * nodes > n_layer:
+        processes = devices * nodes
+        check_external_launch(processes, devices, nodes)
+        options = dict((strategy.get("init_args") or {}) if not isinstance(strategy, str) else {})
+        micro = options.get("micro_batches") or PipelineOptions().micro_batches
+        batch = (config.get("data") or {}).get("batch_size")
+        if isinstance(batch, int) and isinstance(micro, int) and batch % micro:
+            raise ConfigError(
+                f"data.batch_size={batch} does not split into trainer.strategy micro_batches={micro} equal "
+                f"micro-batches; choose a batch size divisible by {micro} (or other micro_batches)"
+            )
+        stages = options.get("stages")
+        if isinstance(stages, int) and stages != processes:
+            raise ConfigError(
+                f"trainer.strategy stages={stages}, but trainer.devices={devices} x trainer.num_nodes={nodes} gives "
+                f"{processes} processes; the pipeline needs one process per stage: set trainer.devices={stages} "
+                f"(or leave stages unset)"
+            )
+        n_layer = _gpt_fields(gpt).get("n_layer") if gpt is not None else None
+        if isinstance(n_layer, int) and processes > n_layer:
             raise ConfigError(
                 f"trainer.devices={devices}: the pipeline has one stage per process, but model.gpt.n_layer={n_layer}; "
                 f"use at most {n_layer} devices (or a deeper model)"
             )
+
+    def instantiate_trainer(self, **kwargs):
+        """The trainer; ``repro fit`` always has a ``FinalCheckpoint`` (the checkpoint a stop signal
+        writes, and the final one), whether or not the config lists it."""
+        trainer = super().instantiate_trainer(**kwargs)
+        if self.subcommand == "fit" and not any(isinstance(c, FinalCheckpoint) for c in trainer.callbacks):
+            trainer.callbacks.append(FinalCheckpoint())
+        return trainer
 
     def instantiate_classes(self) -> None:
         """Build the data, model and trainer; a value that a class refuses is a one-line error."""

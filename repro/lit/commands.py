@@ -6,15 +6,18 @@ model or checkpoint it names are reported in one line, before anything is built 
 
 from __future__ import annotations
 
+import shlex
 import sys
 import warnings
 from pathlib import Path
 
 import yaml
 from jsonargparse import ArgumentError
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from repro.paths import missing_file_message
 from repro.pipeline.lightning import register_strategies
+from repro.stopping import STOP, Stopped
 
 from .cli import ConfigError, ReproCLI, one_line
 
@@ -24,11 +27,6 @@ PARSER_KWARGS = {
     "description": "Train and evaluate the suite's GPT models with Lightning.",
     **_STRICT,
     **{command: dict(_STRICT) for command in ("fit", "validate", "test", "predict")},
-}
-
-PARSER_KWARGS = {
-    "description": "Train and evaluate the suite's GPT models with Lightning.",
-    "exit_on_error": False,  # errors are reported in one line below
 }
 
 
@@ -60,15 +58,30 @@ def config_file_problem(args: list[str]) -> str | None:
     return None
 
 
+SMOKE_CONFIG = "paper_configs/models/smoke/gpt_mha.yaml"
+
+
+def has_config(args: list[str]) -> bool:
+    return any(a in ("--config", "-c") or a.startswith("--config=") for a in args)
+
+
 def main(argv: list[str]) -> int:
     """``argv[0]`` is the subcommand (fit, validate or test)."""
     command = argv[0]
+    if not has_config(argv) and not any(a in ("-h", "--help") or a.startswith("--help=") for a in argv):
+        print(
+            f"repro {command}: error: no --config: give a model config, e.g. --config {SMOKE_CONFIG} "
+            f"(the smoke model, seconds on a CPU); `repro {command} --help` lists every option",
+            file=sys.stderr,
+        )
+        return 2
     problem = config_file_problem(argv)
     if problem:
         print(f"repro {command}: error: {problem}", file=sys.stderr)
         return 2
     register_strategies()
     warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter is intended.*")
+    STOP.stopped = None
     try:
         ReproCLI(args=argv, save_config_kwargs={"overwrite": True}, parser_kwargs=PARSER_KWARGS)
     except ConfigError as exc:
@@ -80,4 +93,30 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    return 0
+    except SystemExit as exc:  # Lightning ends a run stopped at once (a second Ctrl-C) with exit(1)
+        if STOP.stopped is None:
+            raise
+        code = exc.code
+    except KeyboardInterrupt:  # before training started (or after it ended): nothing to resume
+        print(f"repro {command}: interrupted before training started; nothing to resume", file=sys.stderr)
+        return 130
+    else:
+        code = 0
+    if STOP.stopped is not None:
+        if rank_zero_only.rank == 0:  # every rank of a pipeline started by `repro fit` gets here
+            print(stopped_line(command, argv, STOP.stopped), file=sys.stderr)
+        return STOP.stopped.exit_code
+    return code if isinstance(code, int) else 1
+
+
+def stopped_line(command: str, argv: list[str], stopped: Stopped) -> str:
+    """One line: the signal, the step, and the command that resumes the run."""
+    if stopped.path is None:
+        return f"repro {command}: stopped by {stopped.name} after step {stopped.step} (no checkpoint was written)"
+    keep = [
+        a
+        for i, a in enumerate(argv[1:], 1)
+        if not a.startswith("--ckpt_path") and argv[i - 1] != "--ckpt_path"
+    ]
+    resume = " ".join(["repro", command, *map(shlex.quote, keep), f"--ckpt_path={shlex.quote(stopped.path)}"])
+    return f"repro {command}: stopped by {stopped.name} after step {stopped.step}; resume with: {resume}"

@@ -9,6 +9,7 @@ import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
+from repro.dataclass_docs import field_comments
 from repro.models.compiling import check_compile_backend
 
 from .codecs import METHODS
@@ -138,3 +139,21 @@ def option_parameters() -> list[inspect.Parameter]:
         for f in fields(PipelineOptions)
         if f.init
     ]
+
+
+def options_signature(lightning_args: tuple[str, ...]) -> inspect.Signature:
+    """The signature of a strategy's ``__init__`` that takes the options as keyword arguments, then
+    Lightning's own (accelerator, parallel_devices, ...), as LightningCLI and ``--help`` see it."""
+    return inspect.Signature(
+        [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD), *option_parameters()]
+        + [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None) for name in lightning_args]
+    )
+
+
+def options_doc() -> str:
+    """``Args:`` of every option, from the field comments."""
+    return "Args:\n" + "\n".join(
+        f"    {name}: {comment}"
+        for name, comment in field_comments(PipelineOptions).items()
+        if name not in ("fwd", "bwd")
+    )

@@ -26,6 +26,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from repro.files import read_json, write_json_atomic
 from repro.lit.cli import ConfigError, ReproCLI, one_line
 from repro.pipeline.lightning import ClappingStrategy
+from repro.stopping import STOP
 
 from .placement import Slot
 from .provenance import provenance
@@ -187,7 +188,12 @@ def train_run(
         cli = _EngineCLI(cli_args(spec, cache_dir), _trainer_kwargs(spec, slot, recorder, backend))
     except (ArgumentError, ConfigError) as exc:  # a config the experiment's overrides do not fit
         raise ValueError(f"run {spec.display}: {one_line(exc)}") from None
+    STOP.stopped = None
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    if STOP.stopped is not None:  # a pipeline run stopped by a signal at a step boundary: not finished
+        raise KeyboardInterrupt(
+            f"run {spec.display} stopped by {STOP.stopped.name} after step {STOP.stopped.step}"
+        )
     partial = read_json(_partial_path(spec), "run record")
     result = RunResult(
         name=spec.name,

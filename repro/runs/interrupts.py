@@ -35,3 +35,27 @@ def stop_if_interrupted() -> None:
         raise KeyboardInterrupt(
             f"interrupted (signal {_received[0]}); finished runs are kept, rerun to resume"
         )
+
+
+def finished_runs(out) -> int:
+    """How many finished run results are kept under ``out`` (what a rerun reuses)."""
+    from pathlib import Path
+
+    count = 0
+    for path in Path(out).rglob("*.json"):
+        if ".partial" in path.parts:
+            continue
+        try:
+            head = path.read_text()[:4096]
+        except OSError:
+            continue
+        count += '"fingerprint"' in head and '"val_curve"' in head
+    return count
+
+
+def interrupted_line(command: str, out) -> str:
+    """What an experiment prints, in one line, when Ctrl-C (or SIGTERM) stops it."""
+    return (
+        f"repro {command}: interrupted: {finished_runs(out)} finished runs kept in {out}; "
+        f"rerun the same command to resume"
+    )

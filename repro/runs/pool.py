@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -93,6 +94,9 @@ _WORKER: dict = {}
 def _worker_init(cache_dir: str | None) -> None:
     quiet_lightning()
     _WORKER["cache_dir"] = cache_dir
+    # Ctrl-C reaches the whole process group: a worker's unfinished run is dropped without a
+    # traceback (the main process says what is kept; a rerun trains that run again)
+    signal.signal(signal.SIGINT, lambda signum, frame: os._exit(128 + signum))
 
 
 def _worker_train(spec: RunSpec, slot: Slot, fingerprint: str, backend: str | None) -> RunResult:

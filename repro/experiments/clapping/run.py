@@ -29,7 +29,7 @@ from repro.runs import Progress, RunResult, check_accelerator, train_all
 from repro.runs.budget import planned_runs, print_plan
 from repro.runs.build import VERBOSE_ENV, quiet_lightning
 from repro.runs.data_use import check_data_use, data_lines
-from repro.runs.interrupts import remember_interrupts, stop_if_interrupted
+from repro.runs.interrupts import interrupted_line, remember_interrupts, stop_if_interrupted
 from repro.runs.model_config import load_model_config
 from repro.runs.provenance import display_path
 from repro.runs.scale_args import add_scale_args
@@ -275,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, TimeoutError) as exc:
         print(f"repro clapping: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(interrupted_line("clapping", args.out), file=sys.stderr)
+        return 130
     if report is None:
         return 0
     print((Path(args.out) / "clapping_table.md").read_text())

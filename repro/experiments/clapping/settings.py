@@ -76,9 +76,7 @@ class ClappingSettings:
     from_scratch: Grid  # the rows of the from-scratch ablation
     regimes: tuple[str, ...] = REGIMES  # which regimes run
     finetune_documents: tuple[str, ...] = ("hamlet", "macbeth")  # kept from pretraining; rows tune on them
-    finetune_data: str | None = (
-        None  # or a prepared folder (relative to this file) the rows tune on, same tokenizer as the base
-    )
+    finetune_data: str | None = None  # or a prepared folder the rows tune on (the base's tokenizer)
     finetune_blocks: int | None = 320  # N: fine-tune training blocks (evenly spaced); None = all
     finetune_lr: float = 3e-4  # peak learning rate of the fine-tune rows
     finetune_warmup_steps: int = 5  # linear warm-up of the fine-tune rows
@@ -97,12 +95,8 @@ class ClappingSettings:
     quant_error_bits: tuple[int, ...] = (2, 4, 8)  # bits of the quantizer-error table on real messages
     memory_sizes: tuple[int, ...] = (1000, 4000, 16000, 64000)  # dataset sizes N of the memory figure
     accelerator: Literal["cpu", "gpu"] = "cpu"  # where every run trains
-    max_epochs_over_data: float | None = (
-        None  # the base and from-scratch rows may pass over their data at most this often (None: no limit)
-    )
-    finetune_max_epochs_over_data: float | None = (
-        None  # the same for the fine-tune rows (a few epochs is their regime)
-    )
+    max_epochs_over_data: float | None = None  # base, from_scratch rows: epochs over the data at most
+    finetune_max_epochs_over_data: float | None = None  # the fine-tune rows' limit (None: any)
     path: str = field(default="", compare=False)  # the YAML these settings came from
 
     RELATIVE_PATHS = ("finetune_data",)  # folders named relative to the settings file

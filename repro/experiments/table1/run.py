@@ -43,7 +43,7 @@ from repro.arguments import Parser
 from repro.dataclass_docs import fields_help
 from repro.runs import Progress, RunResult, check_accelerator, train_all
 from repro.runs.build import VERBOSE_ENV, quiet_lightning
-from repro.runs.interrupts import remember_interrupts
+from repro.runs.interrupts import interrupted_line, remember_interrupts
 from repro.runs.scale_args import add_scale_args
 from repro.runs.shards import Shard, finished_results, wait_for
 
@@ -343,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, TimeoutError) as exc:
         print(f"repro table1: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(interrupted_line("table1", args.out), file=sys.stderr)
+        return 130
     return 0
 
 

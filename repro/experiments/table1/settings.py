@@ -45,9 +45,7 @@ class Table1Settings:
     runs_per_gpu: int = 1  # GPU: runs sharing each GPU (small models leave a GPU idle); all GPUs are used
     architectures: tuple[str, ...] = ARCHITECTURES  # which halves of the table to run
     target_difference: float = 0.01  # the difference (nats) the power figures ask about
-    max_epochs_over_data: float | None = (
-        None  # stop before training if a run would pass over its training split more often (None: no limit)
-    )
+    max_epochs_over_data: float | None = None  # a run's epochs over its training split, at most
     path: str = field(default="", compare=False)  # the YAML these settings came from
 
     def __post_init__(self) -> None:

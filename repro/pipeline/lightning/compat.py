@@ -9,6 +9,7 @@ the only file to change. A test also fails on a private Lightning import anywher
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import tempfile
@@ -24,6 +25,8 @@ from lightning.pytorch.strategies.launchers.subprocess_script import _Subprocess
 from lightning.pytorch.trainer.states import TrainerFn
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
+from repro.stopping import STOP, Stopped
+
 # module path -> private names imported from it (checked by missing_symbols)
 PRIVATE_IMPORTS = {
     "lightning.fabric.utilities.distributed": ("_init_dist_connection",),
@@ -33,6 +36,8 @@ PRIVATE_IMPORTS = {
 }
 # private attributes read or written on Lightning objects: (what, attribute)
 PRIVATE_ATTRIBUTES = (
+    ("Trainer", "_accelerator_connector"),
+    ("Trainer", "_checkpoint_connector"),
     ("Trainer.fit_loop", "_should_accumulate"),
     ("Trainer.fit_loop.epoch_loop", "_batches_that_stepped"),
     ("Strategy", "_launcher"),
@@ -59,6 +64,38 @@ def batches_that_stepped(trainer) -> int:
     return trainer.fit_loop.epoch_loop._batches_that_stepped
 
 
+def requeue_signal_of(trainer) -> int | None:
+    """The signal that requeues the job under SLURM with auto-requeue (None elsewhere)."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    environment = trainer._accelerator_connector.cluster_environment
+    if isinstance(environment, SLURMEnvironment) and environment.auto_requeue:
+        return environment.requeue_signal
+    return None
+
+
+def hpc_save_path(trainer, folder: str) -> str:
+    """Where Lightning saves (and on a requeued start finds and resumes) a SLURM checkpoint."""
+    return trainer._checkpoint_connector.hpc_save_path(folder)
+
+
+def requeue_slurm_job() -> int:
+    """``scontrol requeue`` this job (an array task: its own id), as Lightning's SLURM handler does."""
+    import subprocess
+
+    array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
+    job = f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array_job else os.environ["SLURM_JOB_ID"]
+    return subprocess.call(["scontrol", "requeue", job])
+
+
+def launched_ranks(trainer) -> bool:
+    """Whether this process is a rank that the suite's fork/spawn launcher started (the launching
+    process handles Ctrl-C for it)."""
+    return trainer.world_size > 1 and isinstance(
+        getattr(trainer.strategy, "launcher", None), _MultiProcessingLauncher
+    )
+
+
 def set_launcher(strategy, launcher) -> None:
     """A strategy's launcher (Lightning's own strategies set this attribute in _configure_launcher)."""
     strategy._launcher = launcher
@@ -82,6 +119,7 @@ class FullModelLauncher(_MultiProcessingLauncher):
     stage), not its own stage's part."""
 
     def launch(self, function, *args: Any, trainer=None, **kwargs: Any) -> Any:
+        STOP.install("launcher")  # a stop signal here is forwarded to the ranks, which stop together
         try:
             return super().launch(function, *args, trainer=trainer, **kwargs)
         except ProcessExitedException as exc:
@@ -97,6 +135,17 @@ class FullModelLauncher(_MultiProcessingLauncher):
             raise RuntimeError(
                 f"strategy='clapping': rank {exc.error_index} failed; every other rank was stopped.\n{exc.msg}"
             ) from None
+        finally:
+            STOP.restore()
+
+    def get_extra_results(self, trainer) -> dict[str, Any]:
+        extra = super().get_extra_results(trainer)
+        extra["stopped"] = None if STOP.stopped is None else dataclasses.asdict(STOP.stopped)
+        return extra
+
+    def update_main_process_results(self, trainer, extra: dict[str, Any]) -> None:
+        super().update_main_process_results(trainer, extra)
+        STOP.stopped = Stopped(**extra["stopped"]) if extra.get("stopped") else None
 
     def _collect_rank_zero_results(self, trainer, results: Any):
         checkpoint_callback = trainer.checkpoint_callback
@@ -129,6 +178,7 @@ def missing_symbols() -> list[str]:
         enable_checkpointing=False,
     )
     owners = {
+        "Trainer": trainer,
         "Trainer.fit_loop": trainer.fit_loop,
         "Trainer.fit_loop.epoch_loop": trainer.fit_loop.epoch_loop,
         "Strategy": trainer.strategy,

@@ -4,6 +4,7 @@ run's step, and the codecs of the rank's channel ends are built once the dataset
 
 from __future__ import annotations
 
+import torch
 from lightning.pytorch.trainer.states import RunningStage
 from torch.utils.data import DataLoader
 
@@ -75,3 +76,16 @@ def build_stage_codecs(strategy, dataset_size: int) -> None:
     )
     for key, state in strategy.pending.pop("codecs", {}).items():
         strategy.codecs[tuple(key.split(":"))].load_state_dict(state, strategy.root_device)
+
+
+def check_reuse(ids: torch.Tensor | None, previous: torch.Tensor | None, fresh: bool, step: int):
+    """A step that reuses its batch (lazy sampling) got the previous step's sample ids; returns
+    this step's ids (what the next step compares against)."""
+    if ids is None:
+        return previous
+    if not fresh and previous is not None and not torch.equal(ids.cpu(), previous):
+        raise RuntimeError(
+            f"lazy sampling: step {step} should repeat the previous batch but got other sample ids; the training "
+            f"DataLoader was replaced after the strategy set its sampler"
+        )
+    return ids.detach().cpu().clone()

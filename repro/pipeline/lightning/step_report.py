@@ -85,16 +85,25 @@ class StatWindow:
 
 
 def reduce_loss(
-    loss_sum: torch.Tensor | None, micro_batches: int, stats: StepStats, device: torch.device
-) -> tuple[float, float]:
-    """Every step: the loss (from the last stage) and the non-finite messages of all ranks."""
-    vec = torch.zeros(2, dtype=torch.float64, device=device)
+    loss_sum: torch.Tensor | None,
+    micro_batches: int,
+    stats: StepStats,
+    device: torch.device,
+    stop_signals: tuple[int, ...] = (),
+    stop_signal: int | None = None,
+) -> tuple[float, float, int | None]:
+    """Every step: the loss (from the last stage), the non-finite messages of all ranks, and the
+    stop signal they agree on (any rank's, the first of ``stop_signals`` that some rank received)."""
+    vec = torch.zeros(2 + len(stop_signals), dtype=torch.float64, device=device)
     if loss_sum is not None:
         vec[0] = loss_sum.double() / micro_batches
     vec[1] = stats.fwd.nonfinite + stats.bwd.nonfinite
+    for i, signum in enumerate(stop_signals):
+        vec[2 + i] = float(signum == stop_signal)
     dist.all_reduce(vec)
-    loss, nonfinite = vec.tolist()  # the step's one host synchronisation
-    return loss, nonfinite
+    values = vec.tolist()  # the step's one host synchronisation
+    agreed = next((s for s, seen in zip(stop_signals, values[2:]) if seen > 0), None)
+    return values[0], values[1], agreed
 
 
 def reduce_window(

@@ -13,7 +13,6 @@ norm over all stages. The options are the fields of :class:`~repro.pipeline.opti
 
 from __future__ import annotations
 
-import inspect
 import math
 import time
 import warnings
@@ -22,19 +21,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from repro.data.sampler import LazyBatchSampler
-from repro.dataclass_docs import field_comments
+from repro.stopping import STOP, Stopped, install_stop
 
 from ..codecs import ChannelCodec, MessageContext
 from ..model_split import LocalModel, clip_global_grad_norm, keep_local_parts, sum_tied_gradients
-from ..options import PipelineOptions, option_parameters
+from ..options import PipelineOptions, options_doc, options_signature
 from ..runner import NonFiniteError, StageRunner, split_batch
 from ..schedule import stage_schedule
 from ..stage_parts import StageAdapter, StageSplit, layers_per_stage, stage_adapter_for
 from ..transport import StageLinks
 from . import checkpoint, compat
-from .loader import training_loader
+from .loader import check_reuse, training_loader
 from .processes import StageProcesses
 from .step_report import (
     RunTotals,
@@ -97,6 +97,7 @@ class ClappingStrategy(StageProcesses):
         self.pending: dict[str, Any] = {}  # checkpoint state that waits for the codecs or the sampler
         self._fit_start: float | None = None
         self._previous_ids: torch.Tensor | None = None
+        self._stop_signals: tuple[int, ...] = ()  # the signals that stop the run (on_train_start)
 
     # ------------------------------------------------------------------ model split
     def setup(self, trainer) -> None:
@@ -111,8 +112,17 @@ class ClappingStrategy(StageProcesses):
                 f"scaler across stages); use '32-true', 'bf16-mixed' or 'bf16-true'"
             )
         parts = self.adapter.parts()
-        counts = layers_per_stage(len(parts.layers), self.num_stages, self.options.layers_per_stage)
+        K = self.num_stages
+        counts = layers_per_stage(len(parts.layers), K, self.options.layers_per_stage)
         self.split = StageSplit(self.global_rank, self.num_stages, counts, parts)
+        if self.global_rank == 0:  # Lightning's model summary sees rank 0's stage only
+            per_stage = [
+                sum(p.numel() for m in self.split.modules_of(s) for p in m.parameters()) for s in range(K)
+            ]
+            rank_zero_info(
+                f"[clapping] {K} stages: {per_stage} parameters per stage, {sum(per_stage):,} in all (a tied embedding "
+                f"counts on both its stages); Lightning's model summary counts rank 0's stage alone"
+            )
         self.local = keep_local_parts(module, self.split)
         if self.options.compile:  # each block of the stage on its own (parameter names unchanged)
             backend = "inductor" if self.options.compile is True else self.options.compile
@@ -178,7 +188,7 @@ class ClappingStrategy(StageProcesses):
         step = self.steps_done
         fresh = self.sampler.is_fresh(step) if self.sampler is not None else True
         ids = batch.get(opts.sample_id_key) if isinstance(batch, dict) else None
-        self._check_reuse(ids, fresh, step)
+        self._previous_ids = check_reuse(ids, self._previous_ids, fresh, step)
         if opts.method == "aqsgd" and ids is None:
             raise ValueError(
                 f"strategy method='aqsgd' keys its buffers by sample id, but the batch has no {opts.sample_id_key!r} "
@@ -208,7 +218,12 @@ class ClappingStrategy(StageProcesses):
         for p, g in earlier:
             p.grad = g
         self.window.add(stats)
-        loss_value, nonfinite = reduce_loss(loss_sum, len(micro), stats, self.root_device)
+        loss_value, nonfinite, stop = reduce_loss(
+            loss_sum, len(micro), stats, self.root_device, self._stop_signals, STOP.signum
+        )
+        if stop is not None and STOP.stopped is None:  # every rank stops after this step, together
+            STOP.stopped = Stopped(stop, int(trainer.global_step) + 1, None)
+            trainer.should_stop = True
         faulty = nonfinite > 0 or not math.isfinite(loss_value)
         to_loggers = logs_this_step(trainer)
         final = trainer.max_steps > 0 and trainer.global_step + 1 >= trainer.max_steps
@@ -266,12 +281,21 @@ class ClappingStrategy(StageProcesses):
             self._reduce_window(self.last_report.loss if self.last_report else float("nan"))
             self._publish(to_loggers=False)
 
+    def on_train_start(self) -> None:
+        """Stop signals end the run at a step boundary (``repro.stopping``): a rank that the fork or
+        spawn launcher started leaves Ctrl-C to the launching process, which forwards it once."""
+        trainer = self.lightning_module.trainer
+        role = "rank" if compat.launched_ranks(trainer) else "process"
+        self._stop_signals = install_stop(role, compat.requeue_signal_of(trainer))
+        super().on_train_start()
+
     def on_validation_start(self) -> None:
         self.flush_statistics()  # callbacks read pipe/bytes_total at each evaluation
         super().on_validation_start()
 
     def on_train_end(self) -> None:
         self.flush_statistics()
+        STOP.restore()
         super().on_train_end()
 
     def backward(self, closure_loss: torch.Tensor, optimizer, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -282,16 +306,6 @@ class ClappingStrategy(StageProcesses):
             p.grad = g if p.grad is None else p.grad + g
         self._stashed_grads = []
         return self.precision_plugin.post_backward(closure_loss, module)
-
-    def _check_reuse(self, ids: torch.Tensor | None, fresh: bool, step: int) -> None:
-        if ids is None:
-            return
-        if not fresh and self._previous_ids is not None and not torch.equal(ids.cpu(), self._previous_ids):
-            raise RuntimeError(
-                f"lazy sampling: step {step} should repeat the previous batch but got other sample ids; the training "
-                f"DataLoader was replaced after the strategy set its sampler"
-            )
-        self._previous_ids = ids.detach().cpu().clone()
 
     def _evaluate(self, split_name: str, batch: Any) -> torch.Tensor:
         micro = split_batch(batch, self.options.micro_batches, equal=False)
@@ -372,18 +386,14 @@ class ClappingStrategy(StageProcesses):
         return {f"b{c.boundary}_{d}_{r}": c.digest() for (d, r), c in self.codecs.items()}
 
     def teardown(self) -> None:
+        STOP.restore()
         for codec in self.codecs.values():
             if codec.sample_buffers is not None:
                 codec.sample_buffers.close()
         super().teardown()
 
 
-ClappingStrategy.__init__.__signature__ = inspect.Signature(
-    [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD), *option_parameters()]
-    + [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None) for name in LIGHTNING_ARGS]
-)  # the options one by one, as LightningCLI and --help see them
-ClappingStrategy.__init__.__doc__ = "Args:\n" + "\n".join(
-    f"    {name}: {comment}"
-    for name, comment in field_comments(PipelineOptions).items()
-    if name not in ("fwd", "bwd")
-)
+ClappingStrategy.__init__.__signature__ = options_signature(
+    LIGHTNING_ARGS
+)  # the options one by one, for the CLI
+ClappingStrategy.__init__.__doc__ = options_doc()
