@@ -3,7 +3,10 @@
 Each row is compared with its reference (``uniform`` in Table 1, ``none`` in the Clapping table)
 seed by seed: the differences ``row(seed) - reference(seed)`` remove the part of the seed spread
 that both share. For them: the mean, its 95 % confidence interval (Student t), a two-sided paired
-t-test, and with 6 or more seeds the exact Wilcoxon signed-rank and sign tests. Holm's method
+t-test, and with 6 or more seeds the Wilcoxon signed-rank and sign tests. The Wilcoxon test drops
+zero differences (Wilcoxon's own rule) and gives tied ones their average rank; its p-value is
+exact, counted over all 2^n sign patterns of those ranks, up to 20 nonzero differences, and the
+normal approximation with scipy's tie correction above that. Holm's method
 corrects the t-test p-values across the rows of a table; a row is *resolved* when its corrected
 p-value is below ``alpha``. The power figures say what the seeds could have seen: the smallest
 difference a paired t-test detects with 80 % power, and the seeds needed for a given difference.
@@ -18,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+import numpy as np
 from scipy import stats as sp
 
 ALPHA = 0.05  # significance level of the tests (two-sided) and of Holm's correction
@@ -36,7 +40,7 @@ class PairedComparison:
     ci_low: float | None  # 95 % confidence interval of the mean difference
     ci_high: float | None
     p: float | None  # two-sided paired t-test (None with one seed)
-    p_wilcoxon: float | None = None  # exact Wilcoxon signed-rank test (6 seeds or more)
+    p_wilcoxon: float | None = None  # Wilcoxon signed-rank test, exact with ties (6 seeds or more)
     p_sign: float | None = None  # exact sign test (6 seeds or more)
     p_holm: float | None = None  # p after Holm's correction across the table's rows
     resolved: bool = False  # p_holm < alpha: the seeds tell this row from its reference
@@ -73,9 +77,28 @@ def _rank_tests(diffs: list[float]) -> tuple[float | None, float | None]:
     nonzero = [d for d in diffs if d != 0.0]
     if not nonzero:
         return 1.0, 1.0
-    wilcoxon = float(sp.wilcoxon(nonzero, method="exact").pvalue)
     sign = float(sp.binomtest(sum(d > 0 for d in nonzero), len(nonzero), 0.5).pvalue)
-    return wilcoxon, sign
+    return wilcoxon_p(nonzero), sign
+
+
+EXACT_WILCOXON_UP_TO = 20  # nonzero differences: 2^20 sign patterns are counted exactly
+
+
+def wilcoxon_p(diffs: Sequence[float]) -> float:
+    """Two-sided Wilcoxon signed-rank p-value: zeros dropped, ties at their average rank; exact
+    (every sign pattern of the ranks counted) up to ``EXACT_WILCOXON_UP_TO`` differences."""
+    nonzero = np.asarray([float(d) for d in diffs if d != 0.0])
+    n = len(nonzero)
+    if n == 0:
+        return 1.0
+    if n > EXACT_WILCOXON_UP_TO:
+        return float(sp.wilcoxon(nonzero, method="approx").pvalue)
+    ranks = sp.rankdata(np.abs(nonzero))  # ties get their average rank
+    center = ranks.sum() / 2  # the mean of the rank sum of the positive ones under the null
+    observed = abs(ranks[nonzero > 0].sum() - center)
+    patterns = ((np.arange(2**n)[:, None] >> np.arange(n)) & 1).astype(float)  # every sign pattern
+    spread = np.abs(patterns @ ranks - center)
+    return float(np.mean(spread >= observed - 1e-9 * ranks.sum()))
 
 
 def holm(p_values: Sequence[float]) -> list[float]:
@@ -105,11 +128,17 @@ def with_holm(
 
 
 def _power(delta: float, std: float, n: int, alpha: float) -> float:
-    """Power of a two-sided paired t-test with n pairs to see a true mean difference delta."""
+    """Power of a two-sided paired t-test with n pairs to see a true mean difference delta:
+    P(T > c) + P(T < -c) for T noncentral t with n - 1 degrees of freedom and noncentrality
+    delta sqrt(n) / std. The lower tail is taken as ``nct.sf(c, df, -ncp)`` (the same by symmetry):
+    scipy's ``nct.cdf(-c, df, ncp)`` returns NaN for large ncp at small df."""
     df = n - 1
     crit = sp.t.ppf(1 - alpha / 2, df)
     ncp = delta * math.sqrt(n) / std
-    return float(sp.nct.sf(crit, df, ncp) + sp.nct.cdf(-crit, df, ncp))
+    value = float(sp.nct.sf(crit, df, ncp) + sp.nct.sf(crit, df, -ncp))
+    if not math.isfinite(value):
+        raise ArithmeticError(f"the t-test power is not finite (n={n}, noncentrality {ncp:g})")
+    return min(1.0, max(0.0, value))
 
 
 def detectable_difference(std: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float | None:
@@ -131,14 +160,15 @@ def detectable_difference(std: float, n: int, alpha: float = ALPHA, power: float
 def seeds_needed(
     std: float, delta: float, alpha: float = ALPHA, power: float = POWER, limit: int = 100_000
 ) -> int | None:
-    """Paired seeds a t-test needs to detect ``delta`` with the given power (None beyond ``limit``)."""
+    """Paired seeds a t-test needs to detect ``delta`` with the given power: the smallest such n,
+    searched up to ``limit`` seeds (None when even ``limit`` seeds are not enough)."""
     if std == 0.0:
         return 2
+    if _power(delta, std, limit, alpha) < power:
+        return None
     n = 2
     while _power(delta, std, n, alpha) < power:
-        n = n * 2 if n < 64 else n + max(1, n // 8)
-        if n > limit:
-            return None
+        n = min(limit, n * 2 if n < 64 else n + max(1, n // 8))
     lo = max(2, n // 2)
     while lo < n:  # the smallest n with enough power
         mid = (lo + n) // 2

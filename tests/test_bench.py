@@ -55,11 +55,26 @@ def test_quick_bench_writes_every_section_with_finite_rows(quick_report):
         if r["reference"] is not None:
             assert r["ratio"] is not None and math.isfinite(r["ratio"]) and r["ratio"] > 0, r["name"]
         if r["goal"] is not None:
-            assert r["goal_met"] == (r["ratio"] >= r["goal"]), r["name"]
+            met = r["ratio"] >= r["goal"] if r["goal_kind"] == "min" else r["ratio"] <= r["goal"]
+            assert r["goal_met"] == met, r["name"]
     assert all_finite(report)
     table = (out / "bench.md").read_text()
     for r in report["rows"]:
         assert r["name"] in table
+
+
+def test_the_data_section_compares_prepare_loader_and_memory_with_their_references(quick_report):
+    report, _ = quick_report
+    data = {r["name"].split(",")[0].split(" of ")[0]: r for r in report["rows"] if r["section"] == "data"}
+    prepare, loader = data["repro data prepare"], data["shard loader (memmap"]
+    encode = data["tokenizer encode_batch"]
+    assert prepare["reference"] == encode["name"] and prepare["goal"] == 0.8
+    ratio = prepare["median"] / (encode["median"] * prepare["workers"])  # one repeat in the quick preset
+    assert prepare["ratio"] == pytest.approx(ratio)
+    assert loader["goal"] == 20.0 and loader["ratio"] == pytest.approx(loader["median"] / 651_000.0)
+    (memory,) = [r for r in report["rows"] if r["section"] == "data" and r["unit"] == "bytes"]
+    assert memory["goal_kind"] == "max" and memory["ratio"] == pytest.approx(memory["median"] / 2**30)
+    assert memory["corpus_bytes"] >= 4e6 and memory["tokens"] > 0
 
 
 def test_quick_bench_measures_what_it_claims(quick_report):

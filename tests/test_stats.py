@@ -64,3 +64,62 @@ def test_pooled_std_by_hand():
     # groups (1, 3) and (2, 4, 6): squares about the means 2 + 8 = 10 over 1 + 2 degrees of freedom
     assert pooled_std([[1, 3], [2, 4, 6]]) == pytest.approx(math.sqrt(10 / 3))
     assert pooled_std([[5]]) is None
+
+
+def test_the_power_has_no_nan_anywhere_and_matches_a_quadrature():
+    """scipy's nct.cdf(-c, df, ncp) is NaN for large ncp at small df; the power never is."""
+    import numpy as np
+    from scipy import integrate
+
+    from repro.stats import _power
+
+    for n in range(2, 41):
+        values = [_power(ncp / math.sqrt(n), 1.0, n, 0.05) for ncp in np.linspace(0.0, 40.0, 161)]
+        assert all(math.isfinite(v) and 0.0 <= v <= 1.0 for v in values), n
+        assert all(b >= a - 1e-12 for a, b in zip(values, values[1:])), n  # more difference, more power
+
+    def quadrature(delta: float, n: int) -> float:  # P(|Z + ncp| > c sqrt(V / df)), V chi-square(df)
+        df, ncp = n - 1, delta * math.sqrt(n)
+        c = sp.t.ppf(0.975, df)
+        inner = lambda v: (
+            sp.chi2.pdf(v, df)
+            * (sp.norm.sf(c * math.sqrt(v / df) - ncp) + sp.norm.cdf(-c * math.sqrt(v / df) - ncp))
+        )
+        return integrate.quad(inner, 0, math.inf, limit=200)[0]
+
+    for delta, n in ((5.47, 2), (11.55, 2), (3.0, 3), (1.0, 10), (0.5, 40)):
+        assert _power(delta, 1.0, n, 0.05) == pytest.approx(quadrature(delta, n), abs=1e-9)
+
+
+def test_two_seeds_detect_11_55_std_and_the_seeds_needed_at_the_boundary():
+    assert detectable_difference(1.0, 2) == pytest.approx(11.55, abs=0.01)  # not 5.47 (a NaN taken as power)
+    assert seeds_needed(1.0, 11.6) == 2
+    for delta in (5.3, 5.5, 8.0, 11.5):  # where the NaN answered 2
+        assert seeds_needed(1.0, delta) == 3
+
+
+def test_seeds_needed_searches_up_to_its_limit_and_says_none_beyond_it():
+    delta = 2.8 / math.sqrt(97_000)  # needs about 97,000 seeds
+    n = seeds_needed(1.0, delta)
+    from repro.stats import _power
+
+    assert n is not None and 90_000 < n <= 100_000
+    assert _power(delta, 1.0, n, 0.05) >= 0.8 > _power(delta, 1.0, n - 1, 0.05)
+    assert seeds_needed(1.0, delta, limit=n - 1) is None and seeds_needed(1.0, delta, limit=n) == n
+
+
+def test_the_wilcoxon_p_with_ties_is_the_exact_enumeration():
+    from repro.stats import wilcoxon_p
+
+    # differences 1, 1, 1, 1, 1, -2: the five 1s share ranks 1..5 (average 3), the -2 has rank 6;
+    # T+ = 15 against a centre of 21 / 2 = 10.5, so |T+ - 10.5| >= 4.5 means T+ <= 6 or T+ >= 15.
+    # T+ = 3k + 6m (k of the five 1s and m of the 2 positive): m = 0 gives k in {0, 1, 2, 5}, that is
+    # 1 + 5 + 10 + 1 = 17 of the patterns; m = 1 gives k in {0, 3, 4, 5}, 1 + 10 + 5 + 1 = 17: 34 / 64
+    assert wilcoxon_p([1, 1, 1, 1, 1, -2]) == pytest.approx(34 / 64)
+    assert float(sp.wilcoxon([1, 1, 1, 1, 1, -2], method="exact").pvalue) == pytest.approx(
+        28 / 64
+    )  # no-ties law
+    assert paired_comparison([2, 2, 2, 2, 2, -1], [1] * 6).p_wilcoxon == pytest.approx(34 / 64)
+    for diffs in ([0.3, -0.1, 0.25, 0.4, 0.05, -0.2, 0.15], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]):  # no ties
+        assert wilcoxon_p(diffs) == pytest.approx(float(sp.wilcoxon(diffs, method="exact").pvalue))
+    assert wilcoxon_p([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]) == wilcoxon_p([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])

@@ -268,3 +268,34 @@ def test_the_table_records_what_reruns_each_row(smoke_table):
         a = doc["architectures"][arch]
         assert Path(REPO_ROOT / a["target_config"]).is_file() or Path(a["target_config"]).is_file()
         assert a["runs"] and all({"widths", "seed", "result"} <= set(run) for run in a["runs"].values())
+
+
+def test_a_resolved_mark_that_the_float_spread_of_uniform_can_flip_is_named():
+    """With each float-spread variant's uniform losses in place of the table's, a row whose mark
+    rests on a hair's breadth flips; one well clear of the noise holds."""
+    from types import SimpleNamespace
+
+    from repro.experiments.table1.plan import ROW_METHODS
+    from repro.experiments.table1.report import comparisons, marks_under_float_spread
+
+    seeds = (0, 1, 2, 3)
+    base = [2.0, 2.1, 1.9, 2.05]
+    offsets = dict.fromkeys(ROW_METHODS, 0.0)
+    offsets.update({"all-low": 0.3, "last-k": 0.02})  # all-low far above uniform; last-k just above
+    noise = {"all-low": [0.001, -0.002, 0.0, 0.001], "last-k": [0.0003, -0.0002, 0.0001, 0.0]}
+    allocations, losses = [], {}
+    for i, m in enumerate(ROW_METHODS):
+        allocations.append(SimpleNamespace(method=m, widths=(i,)))
+        for j, s in enumerate(seeds):
+            losses[(i,), s] = base[j] + offsets[m] + noise.get(m, [0.0] * 4)[j] + 0.005 * (m != "uniform")
+    o = SimpleNamespace(
+        allocations=allocations,
+        run=lambda widths, seed: SimpleNamespace(final_val_loss=losses[tuple(widths), seed]),
+    )
+    table = comparisons(o, seeds)
+    assert table["all-low"].resolved and table["last-k"].resolved
+    shifted = [base[j] + (0.02 if j % 2 else -0.02) for j in range(4)]  # the reference moved by float noise
+    spread = {"avx2 kernels": {"seeds": list(seeds), "variant_loss": shifted}}
+    marks = marks_under_float_spread(o, seeds, table, spread)
+    assert marks["all-low"] == {"table": True, "avx2 kernels": True}
+    assert marks["last-k"] == {"table": True, "avx2 kernels": False}

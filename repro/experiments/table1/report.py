@@ -37,12 +37,30 @@ def seed_losses(o: ArchOutcome, method: str, seeds: tuple[int, ...]) -> list[flo
     return [statistics.fmean(o.run(a.widths, seed).final_val_loss for a in allocs) for seed in seeds]
 
 
-def comparisons(o: ArchOutcome, seeds: tuple[int, ...]) -> dict[str, PairedComparison]:
-    """Every row against ``uniform``, paired by seed, Holm-corrected across the rows."""
-    uniform = seed_losses(o, "uniform", seeds)
+def comparisons(
+    o: ArchOutcome, seeds: tuple[int, ...], uniform: list[float] | None = None
+) -> dict[str, PairedComparison]:
+    """Every row against ``uniform`` (its runs, or the losses given), paired by seed, Holm-corrected
+    across the rows."""
+    uniform = seed_losses(o, "uniform", seeds) if uniform is None else uniform
     return with_holm(
         {m: paired_comparison(seed_losses(o, m, seeds), uniform) for m in ROW_METHODS if m != "uniform"}
     )
+
+
+def marks_under_float_spread(
+    o: ArchOutcome, seeds: tuple[int, ...], table: dict[str, PairedComparison], spread: dict[str, Any]
+) -> dict[str, dict[str, bool]]:
+    """{method: {variant: resolved}} with the uniform row's losses of each float-spread variant in
+    place of the table's (the rows' own runs unchanged): which resolved marks a rerun elsewhere
+    could flip through the reference alone."""
+    out: dict[str, dict[str, bool]] = {m: {"table": c.resolved} for m, c in table.items()}
+    for variant, v in spread.items():
+        by_seed = dict(zip(v["seeds"], v["variant_loss"]))
+        moved = comparisons(o, seeds, [by_seed[s] for s in seeds])
+        for m, c in moved.items():
+            out[m][variant] = c.resolved
+    return out
 
 
 def arch_columns(
@@ -204,6 +222,11 @@ def build_table(
     """The table document (``all_runs``: every run of this call, trained or reused)."""
     seeds = tuple(settings.seeds)
     vs_uniform = {o.plan.arch: comparisons(o, seeds) for o in outcomes}
+    marks = {
+        o.plan.arch: marks_under_float_spread(o, seeds, vs_uniform[o.plan.arch], float_spread[o.plan.arch])
+        for o in outcomes
+        if float_spread and o.plan.arch in float_spread
+    }
     rows = []
     for method in ROW_METHODS:
         row: dict[str, Any] = {
@@ -212,6 +235,10 @@ def build_table(
         }
         for o in outcomes:
             row.update(arch_columns(o, method, seeds, vs_uniform[o.plan.arch].get(method)))
+            held = marks.get(o.plan.arch, {}).get(method)
+            row[f"{o.plan.arch}_mark_holds_under_float_spread"] = (
+                None if held is None else len(set(held.values())) == 1
+            )
         rows.append(row)
     archs: dict[str, Any] = {}
     for o in outcomes:

@@ -113,6 +113,20 @@ def to_markdown(doc: dict[str, Any]) -> str:
                     f"- {ARCH_TITLE[arch]}, {variant} ({v['cpu_capability']}, {v['torch_threads']} thread(s)): "
                     f"{diffs}; max |Δ| {v['max_abs_difference']:.4f}"
                 )
+        lines += ["", "Resolved marks with each variant's uniform losses in place of the table's:", ""]
+        for arch in doc["float_spread"]:
+            flips = [
+                r["method"] for r in doc["rows"] if r.get(f"{arch}_mark_holds_under_float_spread") is False
+            ]
+            held = [
+                r["method"]
+                for r in doc["rows"]
+                if r.get(f"{arch}_resolved") and r.get(f"{arch}_mark_holds_under_float_spread")
+            ]
+            lines.append(
+                f"- {ARCH_TITLE[arch]}: marks that hold: {', '.join(held) or 'none resolved'}; "
+                f"marks that flip: {', '.join(flips) or 'none'}"
+            )
     lines += ["", "## Analysis", ""]
     for arch in archs:
         an = doc["architectures"][arch]["analysis"]
