@@ -16,6 +16,7 @@ COMMANDS = {
     "fit": ("repro.lit.commands", "train a GPT from a model config (LightningCLI)"),
     "validate": ("repro.lit.commands", "validation loss and perplexity of a checkpoint"),
     "test": ("repro.lit.commands", "test loss and perplexity of a checkpoint"),
+    "export": ("repro.lit.export", "a fine-tuned pretrained model back as a Hugging Face folder"),
     "data": ("repro.data.commands", "prepare a corpus into token shards; info, verify"),
     "profile": ("repro.alloc.commands", "per-layer profiles: coverage, phase-off, interactions"),
     "allocate": ("repro.alloc.commands", "allocate high/low RoPE coverage under a budget"),

@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
         "with that layer's rotation angle forced to 0, minus the reference loss.",
     )
     po.add_argument("--config", required=True, type=Path, help="the repro fit YAML of the model and data")
-    src = po.add_mutually_exclusive_group(required=True)
+    src = po.add_mutually_exclusive_group()  # one of them for the suite's GPT; a pretrained model is its own
     src.add_argument(
         "--ckpt-path", type=Path, help="a trained checkpoint of this config's model (e.g. final.ckpt)"
     )
@@ -80,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="validation interval of the reference run (default: steps/5)",
     )
     po.add_argument("--per-head", action="store_true", help="also measure every query head of every layer")
+    po.add_argument(
+        "--rotary-fraction",
+        type=float,
+        default=0.0,
+        help="a pretrained model (model.pretrained): each layer keeps only this highest-frequency fraction of "
+        "its rotary pairs (0, the default: no rotary phase)",
+    )
     po.add_argument("--out", required=True, type=Path, help="output profile JSON")
     _levels_args(po)
     _runs_args(po)

@@ -36,6 +36,7 @@ from .command_arguments import build_parser
 from .coverage_profile import CoverageProfileSettings, coverage_benefit_profile, pair_benefits, profile_specs
 from .fidelity import coverage_fidelity, format_fidelity, phase_off_fidelity
 from .phase_off_profile import measure_phase_off_profile, train_reference
+from .pretrained_profile import measure_pretrained_profile, pretrained_config
 from .profile import LayerProfile
 from .transfer import transfer_profile
 
@@ -76,6 +77,15 @@ def _runs_dir(args) -> Path:
 
 
 def _profile(args) -> None:
+    if args.profile_kind == "phase-off" and pretrained_config(args.config) is not None:
+        profile = measure_pretrained_profile(args.config, args.rotary_fraction)
+        profile.save(args.out)
+        _print_profile(profile)
+        return
+    if args.profile_kind == "phase-off" and args.ckpt_path is None and args.ref_steps is None:
+        raise ValueError(
+            "repro profile phase-off: give --ckpt-path or --ref-steps (or a config with model.pretrained)"
+        )
     config = load_model_config(args.config)
     shape = config.shape_config()
     if args.profile_kind == "fidelity":

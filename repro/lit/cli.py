@@ -19,12 +19,15 @@ import torch
 from lightning.pytorch.cli import LightningCLI
 
 from repro.data import TextDataModule
+from repro.data.datamodule import ExistingPath
 from repro.models import GPTConfig
+from repro.models.hf_causal_lm import HFModelError, model_folder, num_layers, read_config
 from repro.pipeline.options import PipelineOptions
 
 from .callbacks import FinalCheckpoint
 from .checkpoints import check_checkpoint_matches, read_checkpoint
 from .gpt_module import GPTLightningModule
+from .hf_module import HFCausalLMModule
 from .precision import default_precision
 
 SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
@@ -73,6 +76,25 @@ class ConfigError(ValueError):
     """A config or checkpoint that cannot be used (the message names the field or file)."""
 
 
+def _model_folder(location):
+    """A model's folder, as the data's tokenizer file (the model's own tokenizer.json is in it)."""
+    try:
+        return ExistingPath(str(model_folder(location)))
+    except HFModelError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _pretrained_layers(config) -> int | None:
+    """The decoder layers of ``model.pretrained`` (a local folder's config.json), if any."""
+    location = (config.get("model") or {}).get("pretrained")
+    if not location:
+        return None
+    try:
+        return num_layers(read_config(model_folder(location)))
+    except HFModelError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def check_external_launch(processes: int, devices: int, nodes: int, env=None) -> None:
     """Under torchrun, the processes it started must be the run's devices x num_nodes."""
     env = os.environ if env is None else env
@@ -100,8 +122,16 @@ class ReproCLI(LightningCLI):
         super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
+        if self.pretrained:  # the model's own tokenizer tokenizes the data
+            parser.link_arguments("model.pretrained", "data.tokenizer_file", compute_fn=_model_folder)
+            return
         parser.link_arguments("data.block_size", "model.gpt.block_size")
         parser.link_arguments("data.vocab_size", "model.gpt.vocab_size", apply_on="instantiate")
+
+    @property
+    def pretrained(self) -> bool:
+        """Whether this CLI trains a Hugging Face model (``model: {pretrained: ...}``)."""
+        return issubclass(self.model_class, HFCausalLMModule)
 
     def parse_arguments(self, parser, args) -> None:
         """Parse, then check the model config and the checkpoint (before Lightning reads the checkpoint's
@@ -155,16 +185,23 @@ class ReproCLI(LightningCLI):
                 f"{processes} processes; the pipeline needs one process per stage: set trainer.devices={stages} "
                 f"(or leave stages unset)"
             )
-        n_layer = _gpt_fields(gpt).get("n_layer") if gpt is not None else None
+        n_layer = _gpt_fields(gpt).get("n_layer") if gpt is not None else _pretrained_layers(config)
         if isinstance(n_layer, int) and processes > n_layer:
+            what = "model.gpt.n_layer" if gpt is not None else "the pretrained model's layers"
             raise ConfigError(
-                f"trainer.devices={devices}: the pipeline has one stage per process, but model.gpt.n_layer={n_layer}; "
+                f"trainer.devices={devices}: the pipeline has one stage per process, but {what}={n_layer}; "
                 f"use at most {n_layer} devices (or a deeper model)"
             )
 
     def instantiate_trainer(self, **kwargs):
         """The trainer; ``repro fit`` always has a ``FinalCheckpoint`` (the checkpoint a stop signal
-        writes, and the final one), whether or not the config lists it."""
+        writes, and the final one), whether or not the config lists it. A pretrained model's
+        embedding must hold the data's vocabulary (checked here, before the trainer is built)."""
+        if self.pretrained and self.datamodule.vocab_size > self.model.model.vocab_size:
+            raise ConfigError(
+                f"data: the tokenizer has {self.datamodule.vocab_size:,} ids but the model's embedding holds "
+                f"{self.model.model.vocab_size:,}; tokenize with the model's own tokenizer"
+            )
         trainer = super().instantiate_trainer(**kwargs)
         if self.subcommand == "fit" and not any(isinstance(c, FinalCheckpoint) for c in trainer.callbacks):
             trainer.callbacks.append(FinalCheckpoint())
@@ -176,6 +213,7 @@ class ReproCLI(LightningCLI):
             super().instantiate_classes()
         except (ValueError, TypeError, FileNotFoundError) as exc:
             raise ConfigError(one_line(exc)) from None
+
 
     @staticmethod
     def _check_model_config(config) -> None:

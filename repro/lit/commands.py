@@ -20,6 +20,8 @@ from repro.pipeline.lightning import register_strategies
 from repro.stopping import STOP, Stopped
 
 from .cli import ConfigError, ReproCLI, one_line
+from .gpt_module import GPTLightningModule
+from .hf_module import HFCausalLMModule
 
 # every parser of the command (main and subcommands) raises instead of printing usage and exiting
 _STRICT = {"exit_on_error": False, "allow_abbrev": False}
@@ -61,6 +63,21 @@ def config_file_problem(args: list[str]) -> str | None:
 SMOKE_CONFIG = "paper_configs/models/smoke/gpt_mha.yaml"
 
 
+def trains_pretrained(args: list[str]) -> bool:
+    """Whether the command line's config (or an option) names ``model.pretrained``: a Hugging Face
+    model instead of the suite's GPT."""
+    if any(a.startswith("--model.pretrained") for a in args):
+        return True
+    for i, arg in enumerate(args):
+        path = args[i + 1] if arg in ("--config", "-c") and i + 1 < len(args) else None
+        path = arg.split("=", 1)[1] if arg.startswith("--config=") else path
+        if path and Path(path).is_file():
+            doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+            if isinstance(doc, dict) and isinstance(doc.get("model"), dict) and "pretrained" in doc["model"]:
+                return True
+    return False
+
+
 def has_config(args: list[str]) -> bool:
     return any(a in ("--config", "-c") or a.startswith("--config=") for a in args)
 
@@ -82,8 +99,14 @@ def main(argv: list[str]) -> int:
     register_strategies()
     warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter is intended.*")
     STOP.stopped = None
+    model_class = HFCausalLMModule if trains_pretrained(argv) else GPTLightningModule
     try:
-        ReproCLI(args=argv, save_config_kwargs={"overwrite": True}, parser_kwargs=PARSER_KWARGS)
+        ReproCLI(
+            args=argv,
+            model_class=model_class,
+            save_config_kwargs={"overwrite": True},
+            parser_kwargs=PARSER_KWARGS,
+        )
     except ConfigError as exc:
         print(f"repro {command}: error: {exc}", file=sys.stderr)
         return 2

@@ -58,7 +58,7 @@ def keep_local_parts(module: nn.Module, split: StageSplit) -> LocalModel:
     if orphans:
         raise ValueError(
             f"{type(module).__name__}: parameters {orphans[:5]}{'...' if len(orphans) > 5 else ''} belong to no part "
-            f"returned by pipeline_parts(); every parameter must be in first, layers or last"
+            f"returned by the stage adapter's parts(); every parameter must be in first, layers or last"
         )
     local = LocalModel()
     groups = sorted({tuple(sorted(s)) for s in owners.values() if len(s) > 1})
@@ -80,12 +80,13 @@ def keep_local_parts(module: nn.Module, split: StageSplit) -> LocalModel:
     for sub in module.modules():
         for pname, p in list(sub._parameters.items()):
             if p is not None and id(p) in owners and rank not in owners[id(p)]:
-                empty = nn.Parameter(torch.empty(0, dtype=p.dtype, device=p.device), requires_grad=False)
+                device = "cpu" if p.is_meta else p.device  # a part never read (meta) frees to the CPU
+                empty = nn.Parameter(torch.empty(0, dtype=p.dtype, device=device), requires_grad=False)
                 sub._parameters[pname] = empty
                 placeholders.add(id(empty))
         for bname, b in list(sub._buffers.items()):
             if b is not None and id(b) in owners and rank not in owners[id(b)]:
-                empty = torch.empty(0, dtype=b.dtype, device=b.device)
+                empty = torch.empty(0, dtype=b.dtype, device="cpu" if b.is_meta else b.device)
                 sub._buffers[bname] = empty
                 placeholders.add(id(empty))
     local.freed_keys = {k for k, v in module.state_dict(keep_vars=True).items() if id(v) in placeholders}

@@ -141,7 +141,17 @@ def option_parameters() -> list[inspect.Parameter]:
     ]
 
 
-def options_signature(lightning_args: tuple[str, ...]) -> inspect.Signature:
+# the arguments Lightning passes a strategy itself
+LIGHTNING_ARGS = (
+    "accelerator",
+    "parallel_devices",
+    "cluster_environment",
+    "checkpoint_io",
+    "precision_plugin",
+)
+
+
+def options_signature(lightning_args: tuple[str, ...] = LIGHTNING_ARGS) -> inspect.Signature:
     """The signature of a strategy's ``__init__`` that takes the options as keyword arguments, then
     Lightning's own (accelerator, parallel_devices, ...), as LightningCLI and ``--help`` see it."""
     return inspect.Signature(

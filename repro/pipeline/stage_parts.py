@@ -85,6 +85,39 @@ class GPTStages:
         return int((batch["targets"] != -100).sum())
 
 
+@runtime_checkable
+class MaterializesStages(Protocol):
+    """An adapter whose model is built without its weights (on the meta device): the strategy asks
+    it to read only the parts of the rank's own stage."""
+
+    def materialize(self, modules: list[nn.Module]) -> None: ...
+
+
+class HFStages:
+    """The stage adapter of a Hugging Face causal LM (``repro.models.hf_causal_lm``): embedding,
+    decoder layers (each with its rotary embeddings and causal mask), final norm and head; each
+    rank reads only its own stage's tensors."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+
+    def parts(self) -> StageParts:
+        first, layers, last = self.model.parts()
+        return StageParts(first=first, layers=layers, last=last)
+
+    def materialize(self, modules: list[nn.Module]) -> None:
+        self.model.materialize(modules)
+
+    def input(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return batch["input_ids"]
+
+    def loss(self, output: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.model.loss(output, batch["targets"])
+
+    def weight(self, batch: dict[str, torch.Tensor]) -> int:
+        return int((batch["targets"] != -100).sum())
+
+
 def stage_adapter_for(module: object) -> StageAdapter:
     """The adapter of a LightningModule: its own ``pipeline_stages()``, or :class:`GPTStages` when
     its ``model`` attribute is a suite GPT; anything else is refused with what to implement."""
@@ -160,3 +193,13 @@ class StageSplit:
         for module in self.modules_of(self.stage):
             x = module(x)
         return x
+
+
+def parameters_line(split: StageSplit) -> str:
+    """The parameters of every stage, in one line (Lightning's model summary counts one stage)."""
+    k = split.num_stages
+    per_stage = [sum(p.numel() for m in split.modules_of(s) for p in m.parameters()) for s in range(k)]
+    return (
+        f"[clapping] {k} stages: {per_stage} parameters per stage, {sum(per_stage):,} in all (a tied embedding "
+        f"counts on both its stages); Lightning's model summary counts rank 0's stage alone"
+    )

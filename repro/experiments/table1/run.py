@@ -60,6 +60,7 @@ from .plan import (
     sweep_allocations,
     widths_name,
 )
+from .probe import PROBE_ROWS, probe, probe_markdown
 from .report import build_table
 from .results import ArchOutcome
 from .settings import SCALES, Table1Settings, load_table1_settings, settings_path
@@ -317,6 +318,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="profiles: stage 1 only (profiles and the reference); rows: stage 2 only (needs stage 1 finished); "
         "all (default): both (a shard waits for the other shards' stage-1 runs before stage 2)",
     )
+    parser.add_argument(
+        "--probe",
+        action="store_true",
+        help="train only the noise probe: rows that need no profile, every seed, at each --probe-steps; "
+        "prints the seed noise and the seeds a target difference needs (writes <out>/probe.{md,json})",
+    )
+    parser.add_argument("--probe-steps", type=int, nargs="+", default=None, help="run lengths of the probe")
+    parser.add_argument(
+        "--probe-rows",
+        nargs="+",
+        default=list(PROBE_ROWS),
+        help=f"rows of the probe (default {' '.join(PROBE_ROWS)})",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="show Lightning's own lines too")
     return parser
 
@@ -337,6 +351,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         if args.plan:
             print_table1_plan(settings, args.out, args.step_time, args.step_time_of)
+            return 0
+        if args.probe:
+            steps = args.probe_steps or [settings.steps]
+            doc = probe(settings, args.out, steps, tuple(args.probe_rows), args.cache_dir, args.quiet)
+            print(probe_markdown(doc), end="")
             return 0
         shard = Shard.parse(args.shard)
         run_table1(settings, args.out, args.cache_dir, args.quiet, args.float_spread, shard, args.stage)

@@ -31,7 +31,14 @@ from ..model_split import LocalModel, clip_global_grad_norm, keep_local_parts, s
 from ..options import PipelineOptions, options_doc, options_signature
 from ..runner import NonFiniteError, StageRunner, split_batch
 from ..schedule import stage_schedule
-from ..stage_parts import StageAdapter, StageSplit, layers_per_stage, stage_adapter_for
+from ..stage_parts import (
+    MaterializesStages,
+    StageAdapter,
+    StageSplit,
+    layers_per_stage,
+    parameters_line,
+    stage_adapter_for,
+)
 from ..transport import StageLinks
 from . import checkpoint, compat
 from .loader import check_reuse, training_loader
@@ -45,14 +52,6 @@ from .step_report import (
     publish,
     reduce_loss,
     reduce_window,
-)
-
-LIGHTNING_ARGS = (
-    "accelerator",
-    "parallel_devices",
-    "cluster_environment",
-    "checkpoint_io",
-    "precision_plugin",
 )
 
 
@@ -116,13 +115,9 @@ class ClappingStrategy(StageProcesses):
         counts = layers_per_stage(len(parts.layers), K, self.options.layers_per_stage)
         self.split = StageSplit(self.global_rank, self.num_stages, counts, parts)
         if self.global_rank == 0:  # Lightning's model summary sees rank 0's stage only
-            per_stage = [
-                sum(p.numel() for m in self.split.modules_of(s) for p in m.parameters()) for s in range(K)
-            ]
-            rank_zero_info(
-                f"[clapping] {K} stages: {per_stage} parameters per stage, {sum(per_stage):,} in all (a tied embedding "
-                f"counts on both its stages); Lightning's model summary counts rank 0's stage alone"
-            )
+            rank_zero_info(parameters_line(self.split))
+        if isinstance(self.adapter, MaterializesStages):  # read this stage's weights only
+            self.adapter.materialize(self.split.modules_of(self.global_rank))
         self.local = keep_local_parts(module, self.split)
         if self.options.compile:  # each block of the stage on its own (parameter names unchanged)
             backend = "inductor" if self.options.compile is True else self.options.compile
@@ -393,7 +388,5 @@ class ClappingStrategy(StageProcesses):
         super().teardown()
 
 
-ClappingStrategy.__init__.__signature__ = options_signature(
-    LIGHTNING_ARGS
-)  # the options one by one, for the CLI
+ClappingStrategy.__init__.__signature__ = options_signature()  # the options one by one, for the CLI
 ClappingStrategy.__init__.__doc__ = options_doc()

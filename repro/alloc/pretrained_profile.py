@@ -1,0 +1,108 @@
+"""Rotary profiles of a pretrained Hugging Face model: per layer, the validation-loss increase when
+that layer alone loses its rotary phase (identity rotation: ``rotary_fraction`` 0), or keeps only
+the highest-frequency fraction of its rotary pairs (p-RoPE order). The profile JSON is the suite's
+own (kind ``phase_off``), so ``repro allocate`` and ``repro analyze`` read it.
+
+The config is a ``repro fit`` YAML with ``model: {pretrained: <folder>, attention: ...}`` and a
+data section; the data are tokenized with the model's own tokenizer.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from repro.data import TextDataModule
+from repro.data.datamodule import PATH_FIELDS
+from repro.files import read_yaml
+from repro.models.hf_causal_lm import HFCausalLM
+
+from .profile import LayerProfile
+
+
+def pretrained_config(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The YAML's model section when it names a pretrained model (else None)."""
+    doc = read_yaml(path, "config file")
+    model = doc.get("model") if isinstance(doc, dict) else None
+    return doc if isinstance(model, dict) and "pretrained" in model else None
+
+
+def _resolve(value: str, base: Path) -> str:
+    path = Path(os.path.expanduser(value))
+    return str(path if path.is_absolute() or not (base / path).exists() else (base / path).resolve())
+
+
+@torch.no_grad()
+def _mean_loss(model: HFCausalLM, batches: list[dict[str, torch.Tensor]]) -> float:
+    total, tokens = 0.0, 0
+    for batch in batches:
+        _, loss = model(batch["input_ids"], batch["targets"])
+        n = int((batch["targets"] != -100).sum())
+        total, tokens = total + float(loss) * n, tokens + n
+    if not tokens:
+        raise ValueError("no evaluation tokens: the validation loader is empty")
+    return total / tokens
+
+
+def rotary_values(
+    model: HFCausalLM, batches: list[dict[str, torch.Tensor]], fraction: float
+) -> dict[str, Any]:
+    """The loss increase of each layer with only ``fraction`` of its rotary pairs rotating."""
+    model.eval()
+    model.set_rotary(None)
+    ref = _mean_loss(model, batches)
+    values = []
+    for layer in range(model.n_layer):
+        model.set_rotary({layer: fraction})
+        values.append(_mean_loss(model, batches) - ref)
+    model.set_rotary(None)
+    return {"values": values, "loss_ref": ref}
+
+
+def measure_pretrained_profile(
+    config_path: str | os.PathLike, fraction: float = 0.0, cache_dir: str | None = None
+) -> LayerProfile:
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"--rotary-fraction={fraction!r}: must be in [0, 1) (0: no rotary phase)")
+    doc = pretrained_config(config_path)
+    if doc is None:
+        raise ValueError(f"config file {str(config_path)!r} names no model.pretrained")
+    base = Path(config_path).resolve().parent
+    spec = doc["model"]
+    location = _resolve(str(spec["pretrained"]), base)
+    model = HFCausalLM(location, spec.get("attention", "sdpa"), spec.get("tie_embeddings", "auto"))
+    model.materialize_all()
+    data = dict(doc.get("data") or {})
+    for name in PATH_FIELDS:
+        if data.get(name):
+            data[name] = _resolve(str(data[name]), base)
+    data["tokenizer_file"] = str(model.folder)
+    if cache_dir:
+        data["cache_dir"] = cache_dir
+    datamodule = TextDataModule(**data)
+    datamodule.setup("validate")
+    batches = list(datamodule.val_dataloader())
+    measured = rotary_values(model, batches, fraction)
+    return LayerProfile(
+        kind="phase_off",
+        values=measured["values"],
+        per_head=None,
+        model={
+            "pretrained": str(model.folder),
+            "model_type": model.config.model_type,
+            "n_layer": model.n_layer,
+        },
+        meta={
+            "source": str(config_path),
+            "pretrained": str(model.folder),
+            "intervention": "phase-off"
+            if fraction == 0.0
+            else f"keep the highest {fraction:g} of the rotary pairs",
+            "rotary_fraction": fraction,
+            "loss_ref": measured["loss_ref"],
+            "eval_tokens": sum(int((b["targets"] != -100).sum()) for b in batches),
+        },
+    )

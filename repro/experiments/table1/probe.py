@@ -1,0 +1,153 @@
+"""``repro table1 --probe``: how much noise a scale's rows carry at a given length, and what the
+seeds could resolve there: the numbers a scale is sized by.
+
+For each run length and architecture, a few rows that need no profile (``uniform``, budget-matched
+baselines, reference points) are trained for every seed on the target model, one evaluation at
+the end (the table's final loss). Per length: uniform's mean and seed std, and for every other
+row the paired difference to uniform (mean, std of the differences, p); then, from the pooled
+std of the paired differences, the seeds a paired t-test needs to detect each target difference
+with 80 % power at Holm's strictest level (alpha / m for the m rows a table compares).
+
+    repro table1 --scale cpu --probe --probe-steps 300 1200 --seeds 0 1 2 3 4 5
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from repro.alloc.allocation import allocate
+from repro.files import write_json_atomic, write_text_atomic
+from repro.runs import Progress, train_all
+from repro.runs.provenance import git_commit, machine, now
+from repro.stats import ALPHA, paired_comparison, pooled_std, seeds_needed
+
+from .plan import ROW_METHODS, make_plan
+from .settings import Table1Settings
+
+PROBE_ROWS = ("uniform", "last-k", "all-low")
+PROFILE_FREE = ("uniform", "first-k", "last-k", "spaced-k", "all-high", "all-low", "nope")
+TARGETS = (0.015, 0.02)  # nats: the differences the sizing asks about
+
+
+def probe(
+    settings: Table1Settings,
+    out: Path,
+    steps: list[int],
+    rows: tuple[str, ...] = PROBE_ROWS,
+    cache_dir: str | None = None,
+    quiet: bool = False,
+) -> dict[str, Any]:
+    bad = [r for r in rows if r not in PROFILE_FREE]
+    if bad or "uniform" not in rows:
+        raise ValueError(
+            f"--probe-rows {list(rows)}: include uniform; rows that need no profile: {PROFILE_FREE}"
+        )
+    if not steps or any(s <= 0 for s in steps):
+        raise ValueError(f"--probe-steps {steps}: positive step counts")
+    plans = [make_plan(settings, arch, out) for arch in settings.architectures]
+    specs = {}
+    for plan in plans:
+        for n in steps:
+            for method in rows:
+                widths = allocate(method, plan.shape, plan.levels).widths
+                for seed in settings.seeds:
+                    spec = plan.row_spec(widths, seed)
+                    specs[(plan.arch, n, method, seed)] = replace(
+                        spec,
+                        folder=str(out / plan.arch / f"steps{n}"),
+                        steps=n,
+                        eval_every=n,
+                        save_checkpoint=False,
+                        label=f"{plan.arch} {method} {n} steps s{seed}",
+                    )
+    progress = Progress(
+        "table1 probe", len(specs), sum(s.steps for s in specs.values()), settings.workers, quiet
+    )
+    results = train_all(list(specs.values()), settings.accelerator, settings.workers, cache_dir, progress)
+    m = len(ROW_METHODS) - 1  # the rows a table compares with uniform (Holm's count)
+    probes = []
+    for plan in plans:
+        for n in steps:
+            loss = {
+                method: [results[specs[(plan.arch, n, method, s)].key].final_val_loss for s in settings.seeds]
+                for method in rows
+            }
+            uniform = loss["uniform"]
+            row_stats, diffs = {}, []
+            for method in rows:
+                if method == "uniform":
+                    continue
+                c = paired_comparison(loss[method], uniform)
+                diffs.append([a - b for a, b in zip(loss[method], uniform)])
+                row_stats[method] = {"mean": c.mean, "std": c.std, "p": c.p}
+            sd = pooled_std(diffs)
+            probes.append(
+                {
+                    "arch": plan.arch,
+                    "steps": n,
+                    "seeds": list(settings.seeds),
+                    "uniform_mean": statistics.fmean(uniform),
+                    "uniform_std": statistics.stdev(uniform) if len(uniform) > 1 else None,
+                    "rows": row_stats,
+                    "losses": loss,
+                    "paired_diff_std": sd,
+                    "seeds_needed": {
+                        f"{t:g}": {
+                            "alpha": seeds_needed(sd, t) if sd else None,
+                            "alpha_over_m": seeds_needed(sd, t, alpha=ALPHA / m) if sd else None,
+                        }
+                        for t in TARGETS
+                    },
+                    "run_wall_s": statistics.fmean(
+                        results[specs[(plan.arch, n, mm, s)].key].wall_s
+                        for mm in rows
+                        for s in settings.seeds
+                    ),
+                }
+            )
+    doc = {
+        "scale": settings.scale,
+        "git_commit": git_commit(),
+        "created": now(),
+        "machine": machine(),
+        "holm_rows": m,
+        "probes": probes,
+    }
+    write_text_atomic(out / "probe.md", probe_markdown(doc))
+    write_json_atomic(out / "probe.json", doc)
+    return doc
+
+
+def probe_markdown(doc: dict[str, Any]) -> str:
+    lines = [
+        f"Noise probe, scale {doc['scale']}, commit {doc['git_commit'][:7]}: each row against uniform, paired "
+        f"by seed; seeds needed at 80 % power for a paired t-test at alpha and at alpha / {doc['holm_rows']} "
+        f"(Holm's strictest step).",
+        "",
+    ]
+    others = sorted({m for p in doc["probes"] for m in p["rows"]})
+    head = ["arch", "steps", "uniform val loss"] + [f"{m} vs uniform (sd of diffs, p)" for m in others]
+    head += [f"seeds for {t:g} (alpha; /m)" for t in TARGETS] + ["s per run"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for p in doc["probes"]:
+        cells = [
+            p["arch"].upper(),
+            str(p["steps"]),
+            f"{p['uniform_mean']:.4f} +- {p['uniform_std'] or 0:.4f}",
+        ]
+        for m in others:
+            r = p["rows"].get(m)
+            if r is None:
+                cells.append("-")
+                continue
+            pv = "-" if r["p"] is None else f"{r['p']:.3g}"
+            cells.append(f"{r['mean']:+.4f} (sd {r['std'] or 0:.4f}, p {pv})")
+        for t in TARGETS:
+            need = p["seeds_needed"][f"{t:g}"]
+            cells.append(f"{need['alpha']}; {need['alpha_over_m']}")
+        cells.append(f"{p['run_wall_s']:.0f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,49 @@
+"""``repro export --ckpt CKPT --out DIR``: a checkpoint of a pretrained model's fine-tuning (one
+process or a pipeline: both hold the full model) back as a Hugging Face folder that
+``from_pretrained`` and any evaluation tool read: config, sharded safetensors, tokenizer files."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from repro.arguments import Parser
+from repro.models.hf_causal_lm import HFCausalLM, HFModelError
+
+from .checkpoints import read_checkpoint
+
+PREFIX = "model.hf."  # where HFCausalLMModule keeps the Hugging Face model's state-dict entries
+
+
+def export_checkpoint(ckpt: str | Path, out: str | Path, pretrained: str | None = None) -> Path:
+    data = read_checkpoint(ckpt)
+    hp = data.get("hyper_parameters") or {}
+    source = pretrained or hp.get("pretrained")
+    if not source:
+        raise ValueError(
+            f"checkpoint {str(ckpt)!r}: not a fine-tuning of a pretrained model (no 'pretrained')"
+        )
+    state = {k.removeprefix(PREFIX): v for k, v in data.get("state_dict", {}).items() if k.startswith(PREFIX)}
+    if not state:
+        raise ValueError(f"checkpoint {str(ckpt)!r}: holds no {PREFIX}* weights")
+    model = HFCausalLM(source, hp.get("attention", "sdpa"), hp.get("tie_embeddings", "auto"))
+    return model.save_pretrained(out, state)
+
+
+def main(argv: list[str]) -> int:
+    parser = Parser(prog="repro export", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--ckpt", required=True, help="a checkpoint of repro fit on a model.pretrained config"
+    )
+    parser.add_argument("--out", required=True, help="the Hugging Face folder to write")
+    parser.add_argument(
+        "--pretrained", default=None, help="the model folder it started from (default: recorded)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        out = export_checkpoint(args.ckpt, args.out, args.pretrained)
+    except (ValueError, FileNotFoundError, HFModelError) as exc:
+        print(f"repro export: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {out} (from_pretrained reads it)")
+    return 0

@@ -1,0 +1,100 @@
+"""A Hugging Face causal LM as a LightningModule: the suite's optimizer, schedule, logging and
+checkpoints (everything of ``GPTLightningModule`` but the model), on a model read from a local
+folder (or a hub id). On one process the whole model is read in ``setup``; under the pipeline
+strategy each rank reads only its own stage (the stage adapter's ``materialize``).
+
+A config says ``model: {pretrained: <folder>, ...}`` instead of ``model: {gpt: ...}``; its data
+are tokenized with the model's own tokenizer (``data.tokenizer_file`` is linked to the folder).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Literal
+
+import lightning as L
+from torchmetrics import MeanMetric
+
+from repro.models.compiling import check_compile_backend
+from repro.models.hf_causal_lm import HFCausalLM, HFModelError
+
+from .gpt_module import NONFINITE_CHECKS, GPTLightningModule, MeanExp, OptimConfig
+
+
+class HFCausalLMModule(GPTLightningModule):
+    """A pretrained causal LM, fine-tuned on next-token prediction.
+
+    Args:
+        pretrained: A local model folder (config.json and safetensors) or a hub id.
+        optim: Optimizer and learning-rate schedule.
+        attention: 'sdpa' or 'eager' (both get an explicit causal structure, see repro.models.hf_causal_lm).
+        tie_embeddings: 'auto' (as the model's config says) or 'untied' (the head gets its own copy).
+        nonfinite: A NaN or inf training loss: 'raise' or 'skip' the step's update.
+        nonfinite_check: When the loss is checked: 'every_step', 'deferred' or 'auto' (as for the GPT).
+        compile: ``torch.compile`` each part: false, true (inductor) or a backend name.
+    """
+
+    def __init__(
+        self,
+        pretrained: str,
+        optim: OptimConfig | None = None,
+        attention: Literal["sdpa", "eager"] = "sdpa",
+        tie_embeddings: Literal["auto", "untied"] = "auto",
+        nonfinite: Literal["raise", "skip"] = "raise",
+        nonfinite_check: Literal["auto", "every_step", "deferred"] = "auto",
+        compile: bool | str = False,
+    ) -> None:
+        L.LightningModule.__init__(self)
+        if nonfinite not in ("raise", "skip"):
+            raise ValueError(f"model.nonfinite={nonfinite!r}: allowed values are ('raise', 'skip')")
+        if nonfinite_check not in NONFINITE_CHECKS:
+            raise ValueError(
+                f"model.nonfinite_check={nonfinite_check!r}: allowed values are {NONFINITE_CHECKS}"
+            )
+        check_compile_backend(compile, "model.compile")
+        optim = OptimConfig(**optim) if isinstance(optim, dict) else optim
+        self.nonfinite, self.nonfinite_check = nonfinite, nonfinite_check
+        self.compile_backend = ("inductor" if compile is True else compile) or None
+        self.deferred, self.init_checkpoint, self.skipped_steps = None, None, 0
+        self.optim_config = optim or OptimConfig()
+        try:
+            self.model = HFCausalLM(pretrained, attention, tie_embeddings)
+        except HFModelError as exc:
+            raise ValueError(str(exc)) from None
+        self.save_hyperparameters(
+            {
+                "pretrained": str(pretrained),
+                "attention": attention,
+                "tie_embeddings": tie_embeddings,
+                "optim": asdict(self.optim_config),
+            }
+        )
+        self.eval_loss, self.eval_ppl = MeanMetric(), MeanExp()
+
+    @property
+    def gpt_config(self):  # the GPT module's checks read it; an HF model has none
+        return None
+
+    def setup(self, stage: str) -> None:
+        """The whole model is read here, unless a pipeline strategy reads each stage on its rank."""
+        from repro.pipeline.lightning import ClappingStrategy
+
+        if self._trainer is not None and isinstance(self.trainer.strategy, ClappingStrategy):
+            return
+        self.model.materialize_all()
+        if self.compile_backend:
+            for part in (self.model.embed, *self.model.layers, self.model.head):
+                part.compile(backend=self.compile_backend)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """A full state dict into a model still on the meta device (the launching process of a
+        pipeline, which never read the weights) materializes it from that state first."""
+        if not self.model.is_materialized:
+            prefix = "model.hf."
+            self.model.materialize_all(lambda name: state_dict[prefix + name])
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def pipeline_stages(self):
+        from repro.pipeline.stage_parts import HFStages
+
+        return HFStages(self.model)

@@ -1,0 +1,360 @@
+"""Hugging Face causal language models as the suite runs them: loaded from a local folder
+(``config.json`` and safetensors, sharded with an index or not) or a hub id, built on the meta
+device and materialized part by part, so a pipeline rank reads only its own stage's tensors.
+
+The model runs as an ordered list of parts, the same list the pipeline cuts:
+  - ``embed``: token ids -> hidden states (GPT-2 adds its learned positions);
+  - ``layers``: one per decoder layer; each computes its rotary embeddings itself (the model's own
+    rotary module, on every stage) and passes an explicit causal mask under ``eager`` attention
+    (under ``sdpa`` no mask means causal; under ``eager`` it would mean bidirectional);
+  - ``head``: final norm and the output head.
+A layer's rotary phase can be removed (identity rotation: cos 1, sin 0) or kept for only its
+highest-frequency pairs (``rotary``), the interventions of the RoPE profiles.
+
+Families: the Llama family (``llama``, ``mistral``, ``qwen2``, ``qwen3``, and DeepSeek's MLA in
+``deepseek_v3``: ``model.embed_tokens``, ``model.layers``, ``model.norm``, ``model.rotary_emb``,
+``lm_head``) and ``gpt2`` (``transformer.wte``/``wpe``/``h``/``ln_f``). Nothing here knows of
+Lightning or of parallelism.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "deepseek_v3")
+SUPPORTED = (*LLAMA_FAMILY, "gpt2")
+ATTENTION = ("sdpa", "eager")
+
+
+class HFModelError(ValueError):
+    """A model folder or id that cannot be used (the message names it and what was expected)."""
+
+
+# ---------------------------------------------------------------------------- finding and checking
+def model_folder(location: str | os.PathLike) -> Path:
+    """The local folder of a model: ``location`` itself, or a hub id downloaded (network needed)."""
+    path = Path(os.path.expanduser(str(location)))
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise HFModelError(
+                f"model {str(path)!r}: no config.json; give a folder written by save_pretrained"
+            )
+        return path
+    if path.exists() or "/" not in str(location) or str(location).startswith((".", "/")):
+        raise HFModelError(f"model {str(location)!r}: no such folder (nor a hub id of the form owner/name)")
+    from huggingface_hub import constants, snapshot_download
+
+    from repro.data.sources import OFFLINE_BY_DEFAULT
+
+    if OFFLINE_BY_DEFAULT:
+        constants.HF_HUB_OFFLINE = False
+    try:
+        return Path(
+            snapshot_download(str(location), allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"])
+        )
+    except Exception as exc:  # no network, an unknown id: one line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise HFModelError(
+            f"model {str(location)!r}: cannot download it from the Hugging Face Hub ({first})"
+        ) from None
+
+
+def read_config(folder: Path):
+    """The model's config, checked: a supported architecture."""
+    from transformers import AutoConfig
+
+    try:
+        raw = json.loads((folder / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise HFModelError(f"model {str(folder)!r}: config.json is not readable JSON ({exc})") from None
+    kind = raw.get("model_type")
+    if kind not in SUPPORTED:
+        raise HFModelError(
+            f"model {str(folder)!r}: model_type={kind!r} is not supported; supported are {', '.join(SUPPORTED)}"
+        )
+    return AutoConfig.from_pretrained(str(folder))
+
+
+def num_layers(config) -> int:
+    return int(config.n_layer if config.model_type == "gpt2" else config.num_hidden_layers)
+
+
+class TensorFiles:
+    """The model's tensors by name, read one at a time from its safetensors files."""
+
+    def __init__(self, folder: Path) -> None:
+        index = folder / "model.safetensors.index.json"
+        if index.is_file():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            self.files = {name: folder / file for name, file in weight_map.items()}
+        elif (folder / "model.safetensors").is_file():
+            from safetensors import safe_open
+
+            with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+                self.files = dict.fromkeys(f.keys(), folder / "model.safetensors")
+        else:
+            raise HFModelError(
+                f"model {str(folder)!r}: no model.safetensors (or its index); save it with safetensors"
+            )
+        self._open: dict[Path, Any] = {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.files
+
+    def get(self, name: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        file = self.files[name]
+        if file not in self._open:
+            self._open[file] = safe_open(str(file), framework="pt")
+        return self._open[file].get_tensor(name)
+
+
+# ---------------------------------------------------------------------------- the parts
+def causal_mask(length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The additive (1, 1, T, T) mask of eager attention: 0 where a query may look, the dtype's
+    minimum above the diagonal (as transformers' own eager mask)."""
+    allowed = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+    zero = torch.zeros((), dtype=dtype, device=device)
+    return torch.where(allowed, zero, torch.finfo(dtype).min)[None, None]
+
+
+class Embed(nn.Module):
+    def __init__(self, tokens: nn.Module, positions: nn.Module | None = None, drop: nn.Module | None = None):
+        super().__init__()
+        self.tokens, self.positions, self.drop = tokens, positions, drop
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.tokens(ids)
+        if self.positions is not None:
+            h = h + self.positions(torch.arange(ids.shape[1], device=ids.device))[None]
+        return self.drop(h) if self.drop is not None else h
+
+
+class Layer(nn.Module):
+    """One decoder layer with its positions: rotary embeddings computed here (Llama family), an
+    explicit causal mask under eager attention. ``rotary``: 1.0 = as trained, 0.0 = no rotary
+    phase (identity rotation), a fraction f = only the highest-frequency f of the pairs rotate."""
+
+    def __init__(self, layer: nn.Module, family: str, attention: str, rotary_emb: nn.Module | None) -> None:
+        super().__init__()
+        self.layer, self.family, self.attention = layer, family, attention
+        self.rotary_emb = rotary_emb  # shared by every layer (a buffer only: its inverse frequencies)
+        self.rotary = 1.0
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        length = h.shape[1]
+        mask = causal_mask(length, h.dtype, h.device) if self.attention == "eager" else None
+        if self.family == "gpt2":
+            return self.layer(h, attention_mask=mask)
+        position_ids = torch.arange(length, device=h.device)[None]
+        cos, sin = self.rotary_emb(h, position_ids)
+        if self.rotary != 1.0:
+            cos, sin = keep_rotary_pairs(cos, sin, self.rotary)
+        return self.layer(h, attention_mask=mask, position_ids=position_ids, position_embeddings=(cos, sin))
+
+
+def keep_rotary_pairs(
+    cos: torch.Tensor, sin: torch.Tensor, fraction: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin (..., d) in transformers' layout (frequency i at i and i + d/2, highest first) with
+    only the first ``round(fraction * d/2)`` frequencies rotating; the others get cos 1, sin 0."""
+    half = cos.shape[-1] // 2
+    keep = round(fraction * half)
+    rotating = (torch.arange(half, device=cos.device) < keep).repeat(2)
+    return torch.where(rotating, cos, torch.ones_like(cos)), torch.where(rotating, sin, torch.zeros_like(sin))
+
+
+class Head(nn.Module):
+    def __init__(self, norm: nn.Module, lm_head: nn.Module) -> None:
+        super().__init__()
+        self.norm, self.lm_head = norm, lm_head
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(h))
+
+
+# ---------------------------------------------------------------------------- the model
+class HFCausalLM(nn.Module):
+    """A Hugging Face causal LM run through its parts. Built on the meta device; ``materialize``
+    reads the tensors of some parts (a pipeline stage's) or of all of them (``materialize_all``).
+
+    Args:
+        location: A local model folder (config.json + safetensors) or a hub id.
+        attention: 'sdpa' or 'eager'.
+        tie_embeddings: 'auto' (as the config says), or 'untied': the head gets its own copy of a tied
+            embedding (saved as two tensors).
+    """
+
+    def __init__(self, location: str, attention: str = "sdpa", tie_embeddings: str = "auto") -> None:
+        super().__init__()
+        from transformers import AutoModelForCausalLM
+
+        if attention not in ATTENTION:
+            raise HFModelError(f"model.attention={attention!r}: allowed values are {ATTENTION}")
+        if tie_embeddings not in ("auto", "untied"):
+            raise HFModelError(
+                f"model.tie_embeddings={tie_embeddings!r}: allowed values are ('auto', 'untied')"
+            )
+        self.folder = model_folder(location)
+        self.config = read_config(self.folder)
+        self.family = "gpt2" if self.config.model_type == "gpt2" else "llama"
+        self.untie = tie_embeddings == "untied" and bool(getattr(self.config, "tie_word_embeddings", False))
+        if self.untie:
+            self.config.tie_word_embeddings = False
+        with torch.device("meta"):
+            self.hf = AutoModelForCausalLM.from_config(
+                self.config, attn_implementation=attention, dtype=torch.float32
+            )
+        rotary = None
+        if self.family == "llama":  # computed buffers, not in the checkpoint: built for real at once
+            rotary = type(self.hf.model.rotary_emb)(config=self.config)
+            self.hf.model.rotary_emb = rotary
+        self.files = TensorFiles(self.folder)
+        self._check_tied_weights()
+        if self.family == "gpt2":
+            t = self.hf.transformer
+            embed, blocks, norm = Embed(t.wte, t.wpe, t.drop), t.h, t.ln_f
+        else:
+            m = self.hf.model
+            embed, blocks, norm = Embed(m.embed_tokens), m.layers, m.norm
+        # the parts hold the model's own modules; kept outside the module tree (state-dict names stay the model's)
+        self.__dict__["embed"] = embed
+        self.__dict__["layers"] = [Layer(b, self.family, attention, rotary) for b in blocks]
+        self.__dict__["head"] = Head(norm, self.hf.lm_head)
+
+    # ------------------------------------------------------------------ tensors
+    def _check_tied_weights(self) -> None:
+        tied = bool(getattr(self.config, "tie_word_embeddings", False))
+        head, embed = "lm_head.weight", self._embedding_name()
+        both = tied and head in self.files and embed in self.files
+        if both and not torch.equal(self.files.get(head), self.files.get(embed)):
+            raise HFModelError(
+                f"model {str(self.folder)!r}: config.json ties the embedding and the head, but the checkpoint "
+                f"holds two different tensors (loading would drop one); give model.tie_embeddings: untied"
+            )
+
+    def _embedding_name(self) -> str:
+        return "transformer.wte.weight" if self.family == "gpt2" else "model.embed_tokens.weight"
+
+    def _tensor(self, name: str) -> torch.Tensor:
+        if name in self.files:
+            return self.files.get(name)
+        if name == "lm_head.weight" and self._embedding_name() in self.files:  # a tied head, or untied here
+            return self.files.get(self._embedding_name()).clone()
+        raise HFModelError(f"model {str(self.folder)!r}: the checkpoint has no tensor {name!r}")
+
+    def materialize(self, modules: list[nn.Module], source=None) -> None:
+        """Read the tensors of these parts (those still on the meta device) from the checkpoint
+        (or from ``source``: state-dict name -> tensor). Each parameter read replaces its meta
+        placeholder wherever the model holds it, so a parameter shared by several parts (a tied
+        embedding and head) stays one parameter."""
+        read = source or self._tensor
+        prefixes: dict[nn.Module, str] = {}
+        for name, module in self.hf.named_modules(remove_duplicate=False):
+            prefixes.setdefault(module, name)
+        swaps: list[tuple[nn.Parameter, nn.Parameter]] = []  # (placeholder, real), compared by identity
+        for module in modules:
+            for sub in module.modules():
+                if sub not in prefixes:  # the parts' own wrappers, the rotary module (real already)
+                    continue
+                for pname, p in list(sub._parameters.items()):
+                    if p is None or not p.is_meta:
+                        continue
+                    done = next((new for old, new in swaps if old is p), None)
+                    if done is None:
+                        name = f"{prefixes[sub]}.{pname}" if prefixes[sub] else pname
+                        done = nn.Parameter(
+                            read(name).detach().float().clone(), requires_grad=p.requires_grad
+                        )
+                        swaps.append((p, done))
+                    sub._parameters[pname] = done
+                for bname, b in list(sub._buffers.items()):
+                    if b is not None and b.is_meta:
+                        name = f"{prefixes[sub]}.{bname}" if prefixes[sub] else bname
+                        if name not in self.files:
+                            raise HFModelError(
+                                f"model {str(self.folder)!r}: buffer {name!r} is computed, not stored"
+                            )
+                        sub._buffers[bname] = self.files.get(name)
+        for holder in self.hf.modules():  # the same placeholder anywhere else in the model
+            for pname, q in list(holder._parameters.items()):
+                new = next((new for old, new in swaps if old is q), None)
+                if new is not None:
+                    holder._parameters[pname] = new
+        if (
+            self.untie
+            and self.hf.lm_head.weight is self._embedding_param()
+            and not self.hf.lm_head.weight.is_meta
+        ):
+            self.hf.lm_head.weight = nn.Parameter(self.hf.lm_head.weight.detach().clone())
+
+    def _embedding_param(self) -> nn.Parameter:
+        return self.hf.transformer.wte.weight if self.family == "gpt2" else self.hf.model.embed_tokens.weight
+
+    def materialize_all(self, source=None) -> None:
+        self.materialize([self.embed, *self.layers, self.head], source)
+
+    @property
+    def is_materialized(self) -> bool:
+        return not any(p.is_meta for p in self.hf.parameters())
+
+    def parts(self) -> tuple[nn.Module, list[nn.Module], nn.Module]:
+        return self.embed, list(self.layers), self.head
+
+    # ------------------------------------------------------------------ running
+    def forward(self, ids: torch.Tensor, targets: torch.Tensor | None = None):
+        h = self.embed(ids)
+        for layer in self.layers:
+            h = layer(h)
+        logits = self.head(h)
+        return logits, (None if targets is None else self.loss(logits, targets))
+
+    @staticmethod
+    def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+
+    def set_rotary(self, fractions: dict[int, float] | None) -> None:
+        """Layer i rotates only its highest-frequency ``fractions[i]`` of pairs (0 = no phase);
+        None: every layer as trained."""
+        for i, layer in enumerate(self.layers):
+            layer.rotary = 1.0 if not fractions or i not in fractions else float(fractions[i])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.config.vocab_size)
+
+    @property
+    def n_layer(self) -> int:
+        return num_layers(self.config)
+
+    # ------------------------------------------------------------------ export
+    def save_pretrained(self, out: str | os.PathLike, state: dict[str, torch.Tensor] | None = None) -> Path:
+        """A ``from_pretrained``-loadable folder: config, sharded safetensors, and the tokenizer
+        files of the source folder; ``state`` (full state-dict names) replaces the weights."""
+        import shutil
+
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        if state is not None:
+            missing = [n for n, p in self.hf.named_parameters() if n not in state]
+            if missing:
+                raise HFModelError(f"export: the weights lack {missing[:3]}")
+            self.materialize_all(state.__getitem__)
+            self.hf.load_state_dict(state, strict=False)
+        self.hf.save_pretrained(str(out), max_shard_size="2GB")
+        for name in (
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "special_tokens_map.json",
+            "generation_config.json",
+        ):
+            if (self.folder / name).is_file() and not (out / name).exists():
+                shutil.copy(self.folder / name, out / name)
+        return out

@@ -1,0 +1,259 @@
+"""Hugging Face causal LMs in the suite, on tiny random-initialised models saved to a temporary
+folder: the parts give the model's own logits (sdpa and eager), a pipeline trains like one
+process (tied and untied), a rank reads only its own stage, export round-trips through
+from_pretrained, phase-off removes exactly a layer's rotation, and bad inputs are one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+from transformers import (
+    AutoModelForCausalLM,
+    DeepseekV3Config,
+    GPT2Config,
+    LlamaConfig,
+    Qwen2Config,
+)
+
+from repro.data.tokenizer import FileTokenizer
+from repro.models.hf_causal_lm import HFCausalLM, HFModelError
+
+VOCAB = 320
+CONFIGS = {
+    "llama": lambda: LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
+    ),  # GQA, untied
+    "qwen2": lambda: Qwen2Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True,
+    ),  # tied
+    "gpt2": lambda: GPT2Config(
+        vocab_size=VOCAB, n_embd=32, n_layer=4, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    ),  # tied, learned positions
+    "deepseek_v3": lambda: DeepseekV3Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8,
+        qk_nope_head_dim=8, v_head_dim=8, first_k_dense_replace=4, n_routed_experts=4, num_experts_per_tok=2,
+        n_shared_experts=1, max_position_embeddings=64, tie_word_embeddings=False,
+    ),  # MLA
+}  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory, corpus) -> dict[str, Path]:
+    """Each tiny model saved with save_pretrained, with a tokenizer.json of the test corpus."""
+    root = tmp_path_factory.mktemp("hf-models")
+    texts = [p.read_text() for p in sorted(corpus.glob("*.txt"))]
+    tokenizer = FileTokenizer.train_bpe(texts, 300)
+    assert tokenizer.vocab_size <= VOCAB
+    out = {}
+    for name, make in CONFIGS.items():
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(make())
+        model.save_pretrained(str(root / name))
+        tokenizer.save(root / name / "tokenizer.json")
+        out[name] = root / name
+    return out
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_the_parts_give_the_models_own_logits(name, attention, models):
+    ids = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(1))
+    reference = AutoModelForCausalLM.from_pretrained(str(models[name]), attn_implementation=attention).eval()
+    with torch.no_grad():
+        expected = reference(ids).logits
+    ours = HFCausalLM(str(models[name]), attention)
+    ours.materialize_all()
+    ours.eval()
+    with torch.no_grad():
+        logits, _ = ours(ids)
+    assert torch.allclose(logits, expected, rtol=1e-5, atol=1e-5 * float(expected.abs().max()))
+
+
+def test_eager_attention_is_causal_with_the_explicit_mask(models):
+    """Changing a later token leaves every earlier position's logits alone (a missing mask under
+    eager would let them see it)."""
+    ours = HFCausalLM(str(models["llama"]), "eager")
+    ours.materialize_all()
+    ids = torch.randint(0, VOCAB, (1, 16), generator=torch.Generator().manual_seed(2))
+    other = ids.clone()
+    other[0, 10] = (other[0, 10] + 1) % VOCAB
+    with torch.no_grad():
+        a, _ = ours(ids)
+        b, _ = ours(other)
+    assert torch.equal(a[0, :10], b[0, :10]) and not torch.equal(a[0, 10:], b[0, 10:])
+
+
+def test_a_rank_reads_only_its_own_stage_the_others_stay_on_meta(models):
+    from repro.pipeline.stage_parts import HFStages, StageSplit, layers_per_stage
+
+    model = HFCausalLM(str(models["qwen2"]))  # tied: the embedding is on stage 0 and stage 1
+    parts = HFStages(model).parts()
+    split = StageSplit(1, 2, layers_per_stage(4, 2), parts)
+    model.materialize(split.modules_of(1))
+    mine = {id(p) for m in split.modules_of(1) for p in m.parameters()}
+    for name, p in model.hf.named_parameters(remove_duplicate=False):
+        assert p.is_meta == (id(p) not in mine), name
+    assert model.hf.lm_head.weight is model.hf.model.embed_tokens.weight  # still one tied parameter
+    assert model.hf.model.layers[0].mlp.up_proj.weight.is_meta  # stage 0's layer is never read here
+
+
+def test_phase_off_of_a_layer_is_the_forward_with_that_layers_rotation_removed(models):
+    reference = AutoModelForCausalLM.from_pretrained(str(models["llama"])).eval()
+    layer = 2
+
+    def identity_rotation(module, args, kwargs):
+        cos, sin = kwargs["position_embeddings"]
+        kwargs["position_embeddings"] = (torch.ones_like(cos), torch.zeros_like(sin))
+        return args, kwargs
+
+    reference.model.layers[layer].register_forward_pre_hook(identity_rotation, with_kwargs=True)
+    ids = torch.randint(0, VOCAB, (2, 20), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected = reference(ids).logits
+    ours = HFCausalLM(str(models["llama"]))
+    ours.materialize_all()
+    ours.set_rotary({layer: 0.0})
+    with torch.no_grad():
+        logits, _ = ours(ids)
+        ours.set_rotary(None)
+        plain, _ = ours(ids)
+    assert torch.allclose(logits, expected, atol=1e-6)
+    assert float((plain - expected).abs().max()) > 100 * float((logits - expected).abs().max()) + 1e-6
+
+
+def _dm(corpus, folder, cache):
+    from repro.data import TextDataModule
+
+    return TextDataModule(
+        corpus="text_files",
+        text_files=[str(corpus / "*.txt")],
+        tokenizer_file=str(folder),
+        block_size=16,
+        batch_size=8,
+        val_fraction=0.2,
+        max_train_blocks=32,
+        max_val_blocks=8,
+        shuffle_seed=1,
+        cache_dir=str(cache),
+    )
+
+
+OPTIM = {"lr": 3e-3, "warmup_steps": 1, "schedule": "constant"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, stages", [("llama", 2), ("qwen2", 4), ("gpt2", 2)])
+def test_a_pipeline_trains_the_pretrained_model_as_one_process_does(name, stages, models, corpus, tmp_path):
+    from repro.lit.hf_module import HFCausalLMModule
+
+    from test_pipeline_strategy import fit, pipeline
+
+    runs, weights = [], []
+    for k in (1, stages):
+        (tmp_path / f"k{k}").mkdir()
+        module = HFCausalLMModule(str(models[name]), OPTIM)
+        strategy = "auto" if k == 1 else pipeline(k, micro_batches=2)
+        runs.append(
+            fit(
+                tmp_path / f"k{k}",
+                _dm(corpus, models[name], tmp_path / "c"),
+                module,
+                strategy,
+                steps=3,
+                devices=k,
+            )
+        )
+        weights.append({n: p.detach().clone() for n, p in module.named_parameters()})
+    one, piped = runs[0][0]["losses"], runs[1][-1]["losses"]
+    assert len(one) == 3 and one == pytest.approx(piped, rel=1e-6)
+    assert weights[0].keys() == weights[1].keys()
+    for n in weights[0]:
+        a, b = weights[0][n], weights[1][n]
+        if a.dim() >= 2:  # matrices: relative to their norm
+            assert float((a - b).norm() / a.norm()) < 1e-6, n
+        else:  # norms' scales and biases (biases start at zero): absolute
+            assert float((a - b).abs().max()) < 1e-6, n
+
+
+def test_export_round_trips_through_from_pretrained_tied_as_one_tensor_untied_as_two(models, tmp_path):
+    from safetensors import safe_open
+
+    ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(4))
+    for name, tie, tensors in (("qwen2", "auto", 1), ("qwen2", "untied", 2), ("llama", "auto", 2)):
+        model = HFCausalLM(str(models[name]), tie_embeddings=tie)
+        model.materialize_all()
+        with torch.no_grad():
+            model.hf.lm_head.weight.add_(0.5)  # a change the export must carry
+            ours, _ = model(ids)
+        out = model.save_pretrained(tmp_path / f"{name}-{tie}")
+        assert (out / "tokenizer.json").is_file()
+        loaded = AutoModelForCausalLM.from_pretrained(str(out)).eval()
+        with torch.no_grad():
+            assert torch.allclose(loaded(ids).logits, ours, atol=1e-5)
+        keys = set()
+        for f in out.glob("*.safetensors"):
+            with safe_open(str(f), framework="pt") as handle:
+                keys |= set(handle.keys())
+        head_keys = {k for k in keys if k.endswith(("lm_head.weight", "embed_tokens.weight"))}
+        assert len(head_keys) == tensors, (name, tie, head_keys)
+
+
+def test_bad_models_fail_in_one_line(models, tmp_path, capsys, monkeypatch):
+    from repro.cli import main as repro_main
+
+    no_config = tmp_path / "no_config"
+    no_config.mkdir()
+    with pytest.raises(HFModelError, match="no config.json"):
+        HFCausalLM(str(no_config))
+    bert = tmp_path / "bert"
+    shutil.copytree(models["llama"], bert)
+    doc = json.loads((bert / "config.json").read_text())
+    (bert / "config.json").write_text(json.dumps({**doc, "model_type": "bert"}))
+    with pytest.raises(
+        HFModelError, match=r"model_type='bert' is not supported; supported are llama, mistral"
+    ):
+        HFCausalLM(str(bert))
+    monkeypatch.chdir(tmp_path)
+
+    def fit_error(config: dict, *extra: str) -> str:
+        path = tmp_path / "config.yaml"
+        import yaml
+
+        path.write_text(yaml.safe_dump(config))
+        before = set(tmp_path.rglob("*"))
+        capsys.readouterr()  # what the test's own saves printed
+        with pytest.raises(SystemExit) as exit_:
+            repro_main(["fit", "--config", str(path), "--trainer.max_steps=2", *extra])
+        assert exit_.value.code == 2
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(lines) == 1, lines
+        assert not [p for p in set(tmp_path.rglob("*")) - before if ".cache" not in p.parts]
+        return lines[0]
+
+    data = {"corpus": "shakespeare", "block_size": 16, "batch_size": 4, "cache_dir": str(tmp_path / ".cache")}
+    message = fit_error(
+        {"model": {"pretrained": str(models["llama"])}, "data": data, "trainer": {"accelerator": "cpu"}},
+        "--trainer.strategy=clapping",
+        "--trainer.devices=5",
+    )
+    assert "the pretrained model's layers=4; use at most 4 devices" in message
+    small = tmp_path / "small_vocab"
+    shutil.copytree(models["llama"], small)
+    cfg = json.loads((small / "config.json").read_text())
+    (small / "config.json").write_text(json.dumps({**cfg, "vocab_size": 100}))
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(LlamaConfig(**{**cfg, "vocab_size": 100})).save_pretrained(str(small))
+    message = fit_error(
+        {"model": {"pretrained": str(small)}, "data": data, "trainer": {"accelerator": "cpu"}}
+    )
+    assert "the tokenizer has" in message and "embedding holds 100" in message
