@@ -214,7 +214,6 @@ class ReproCLI(LightningCLI):
         except (ValueError, TypeError, FileNotFoundError) as exc:
             raise ConfigError(one_line(exc)) from None
 
-
     @staticmethod
     def _check_model_config(config) -> None:
         """Validate the architecture before any class is built (vocab_size is linked later)."""
