@@ -317,7 +317,7 @@ def test_a_hub_source_without_the_network_and_row_files_as_text_files_are_one_li
     from repro.cli import main as repro_main
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("repro.data.sources.OFFLINE_BY_DEFAULT", False)  # as if the user set HF_HUB_OFFLINE=1
+    monkeypatch.setattr("repro.network.OFFLINE_BY_DEFAULT", False)  # as if the user set HF_HUB_OFFLINE=1
     with pytest.raises(SystemExit) as exit_:
         repro_main(["data", "prepare", "someone/some-dataset", "--out", str(tmp_path / "o"), "--no-progress"])
     assert exit_.value.code == 2

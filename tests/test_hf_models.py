@@ -257,3 +257,56 @@ def test_bad_models_fail_in_one_line(models, tmp_path, capsys, monkeypatch):
         {"model": {"pretrained": str(small)}, "data": data, "trainer": {"accelerator": "cpu"}}
     )
     assert "the tokenizer has" in message and "embedding holds 100" in message
+
+
+@pytest.mark.slow
+def test_clapping_fine_tunes_a_pretrained_model_end_to_end(models, corpus, tmp_path):
+    """The fine-tune regime on a pretrained model: no base run, every row starts from the model's
+    weights and trains through a 2-stage pipeline; the table has its rows and their bytes."""
+    import yaml
+
+    from repro.experiments.clapping.run import run_clapping
+    from repro.experiments.clapping.settings import load_clapping_settings
+
+    model = {
+        "trainer": {"accelerator": "cpu", "gradient_clip_val": 1.0},
+        "model": {"pretrained": str(models["llama"]), "optim": {"lr": 0.001, "warmup_steps": 1}},
+        "data": {
+            "corpus": "text_files",
+            "text_files": [str(corpus / "*.txt")],
+            "block_size": 16,
+            "batch_size": 4,
+            "max_val_blocks": 8,
+            "val_fraction": 0.2,
+            "cache_dir": str(tmp_path / "cache"),
+        },
+    }
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump(model))
+    grid = {
+        "steps": 4,
+        "eval_every": 2,
+        "methods": ["none", "clapping_fc"],
+        "compressors": ["quant(4)/quant(8)"],
+    }
+    settings = {
+        "scale": "smoke",
+        "model": "model.yaml",
+        "regimes": ["finetune"],
+        "finetune": {**grid, "clapping_p": [0.5]},
+        "from_scratch": {**grid, "clapping_p": [0.5]},
+        "finetune_documents": ["doc0.txt", "doc2.txt", "doc3.txt"],
+        "finetune_blocks": 16,
+        "val_batches": 2,
+        "seeds": [0],
+        "stages": 2,
+        "micro_batches": 2,
+        "memory_sizes": [64],
+        "accelerator": "cpu",
+    }
+    (tmp_path / "settings.yaml").write_text(yaml.safe_dump(settings))
+    report = run_clapping(load_clapping_settings(tmp_path / "settings.yaml"), tmp_path / "out", quiet=True)
+    assert report["base"] is None and report["total_runs"] == 2
+    rows = {r["method"]: r for r in report["rows"]}
+    assert set(rows) == {"none", "clapping_fc"}
+    assert rows["clapping_fc"]["bytes_total"] < rows["none"]["bytes_total"]
+    assert all(0 < r["val_loss"] < 10 for r in rows.values())

@@ -28,6 +28,7 @@ LAYERS = [
         "repro.stats",
         "repro.arguments",
         "repro.stopping",
+        "repro.network",
         "repro.models",
     },
     {"repro.data", "repro.pipeline"},

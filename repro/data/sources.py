@@ -27,11 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-# The suite never touches the network unless a hub source asks for it: these make HF datasets
-# and the hub fail fast instead of trying. (A user who set them keeps their values.)
-OFFLINE_BY_DEFAULT = "HF_HUB_OFFLINE" not in os.environ
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from repro import network  # offline unless a hub source asks (imported for that effect)
 
 FORMATS = ("auto", "shakespeare", "text", "jsonl", "parquet", "arrow", "csv", "hf_disk", "hub")
 ROW_EXTENSIONS = {
@@ -346,7 +342,8 @@ def _datasets_rows(resolved: ResolvedSource, split: str, where: str) -> Iterator
             loaded = loaded[split]
         ds = loaded
     else:
-        _allow_hub()
+        if network.OFFLINE_BY_DEFAULT:
+            network.allow_hub()
         try:
             ds = datasets.load_dataset(source.location[0], source.hub_config, split=split, streaming=True)
         except Exception as exc:  # no network, an unknown id or config: one line
@@ -358,18 +355,6 @@ def _datasets_rows(resolved: ResolvedSource, split: str, where: str) -> Iterator
         if column and columns is not None and column not in columns:
             raise ValueError(f"{where}: no column {column!r}; its columns are {columns}")
     yield from ds
-
-
-def _allow_hub() -> None:
-    """Lift the suite's offline default for this process (a user's own setting stays)."""
-    if not OFFLINE_BY_DEFAULT:
-        return
-    import datasets
-    import huggingface_hub.constants as hub
-
-    datasets.config.HF_HUB_OFFLINE = False
-    datasets.config.HF_DATASETS_OFFLINE = False
-    hub.HF_HUB_OFFLINE = False
 
 
 def _first_line(exc: Exception) -> str:

@@ -48,12 +48,11 @@ def model_folder(location: str | os.PathLike) -> Path:
         return path
     if path.exists() or "/" not in str(location) or str(location).startswith((".", "/")):
         raise HFModelError(f"model {str(location)!r}: no such folder (nor a hub id of the form owner/name)")
-    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub import snapshot_download
 
-    from repro.data.sources import OFFLINE_BY_DEFAULT
+    from repro.network import allow_hub
 
-    if OFFLINE_BY_DEFAULT:
-        constants.HF_HUB_OFFLINE = False
+    allow_hub()
     try:
         return Path(
             snapshot_download(str(location), allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"])

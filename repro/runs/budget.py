@@ -39,10 +39,14 @@ def config_facts(path: str) -> tuple[int, float]:
     from .step_time import training_flops_per_step
 
     config = load_model_config(path)
+    tokens = config.batch_size * config.block_size
+    if config.is_pretrained:  # 6 x parameters per token (counted on the meta device)
+        from repro.models.hf_causal_lm import HFCausalLM
+
+        params = sum(p.numel() for p in HFCausalLM(config.pretrained).hf.parameters())
+        return tokens, 6.0 * params * tokens
     cfg = config.gpt_config(int(config.data.get("vocab_size") or 256))
-    return config.batch_size * config.block_size, training_flops_per_step(
-        cfg, config.batch_size, config.block_size
-    )
+    return tokens, training_flops_per_step(cfg, config.batch_size, config.block_size)
 
 
 def planned_runs(specs: Sequence[RunSpec], stage: int) -> list[PlannedRun]:

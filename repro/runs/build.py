@@ -25,9 +25,12 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from repro.files import read_json, write_json_atomic
 from repro.lit.cli import ConfigError, ReproCLI, one_line
+from repro.lit.gpt_module import GPTLightningModule
+from repro.lit.hf_module import HFCausalLMModule
 from repro.pipeline.lightning import ClappingStrategy
 from repro.stopping import STOP
 
+from .model_config import load_model_config
 from .placement import Slot
 from .provenance import provenance
 from .spec import RunSpec
@@ -113,10 +116,14 @@ class _EngineCLI(ReproCLI):
     """ReproCLI that builds the engine's Trainer: the config's own trainer settings, with the
     engine's logger, callbacks, devices and strategy on top."""
 
-    def __init__(self, args: list[str], trainer_kwargs: dict[str, Any]) -> None:
+    def __init__(self, args: list[str], trainer_kwargs: dict[str, Any], model_class: type) -> None:
         self._engine_trainer_kwargs = trainer_kwargs
         super().__init__(
-            args=args, run=False, save_config_callback=None, parser_kwargs={"exit_on_error": False}
+            args=args,
+            model_class=model_class,
+            run=False,
+            save_config_callback=None,
+            parser_kwargs={"exit_on_error": False},
         )
 
     def instantiate_trainer(self, **kwargs: Any):
@@ -185,7 +192,10 @@ def train_run(
         shutil.rmtree(tb)
     recorder = RunRecorder(spec)
     try:
-        cli = _EngineCLI(cli_args(spec, cache_dir), _trainer_kwargs(spec, slot, recorder, backend))
+        model_class = HFCausalLMModule if load_model_config(spec.config).is_pretrained else GPTLightningModule
+        cli = _EngineCLI(
+            cli_args(spec, cache_dir), _trainer_kwargs(spec, slot, recorder, backend), model_class
+        )
     except (ArgumentError, ConfigError) as exc:  # a config the experiment's overrides do not fit
         raise ValueError(f"run {spec.display}: {one_line(exc)}") from None
     STOP.stopped = None

@@ -47,6 +47,21 @@ class ModelConfig:
     data: dict[str, Any] = field(default_factory=dict)  # data init args
     trainer: dict[str, Any] = field(default_factory=dict)  # trainer section as written
     raw: dict[str, Any] = field(default_factory=dict)  # the whole YAML document
+    pretrained: str | None = None  # a Hugging Face model (model.pretrained, relative to the file), not a GPT
+
+    @property
+    def is_pretrained(self) -> bool:
+        return self.pretrained is not None
+
+    @property
+    def hidden_size(self) -> int:
+        """The width of the messages between pipeline stages."""
+        if not self.is_pretrained:
+            return int(self.gpt["n_embd"])
+        from repro.models.hf_causal_lm import model_folder, read_config
+
+        config = read_config(model_folder(self.pretrained))
+        return int(getattr(config, "hidden_size", None) or config.n_embd)
 
     @property
     def block_size(self) -> int:
@@ -63,6 +78,10 @@ class ModelConfig:
 
     def shape_config(self) -> GPTConfig:
         """The architecture with a placeholder vocabulary (for budgets, accounting, allocation)."""
+        if self.is_pretrained:
+            raise ValueError(
+                f"config file {self.path!r} names a pretrained model, not a repro GPT (model.gpt)"
+            )
         return self.gpt_config(vocab_size=1)
 
     @property
@@ -76,6 +95,10 @@ class ModelConfig:
         for name in PATH_FIELDS:
             if args.get(name) is not None:
                 args[name] = os.path.normpath(Path(self.path).parent / os.path.expanduser(str(args[name])))
+        if self.is_pretrained:  # its own tokenizer, as repro fit links it
+            from repro.models.hf_causal_lm import model_folder
+
+            args["tokenizer_file"] = str(model_folder(self.pretrained))
         return {**args, **overrides}
 
     def datamodule(self, **overrides: Any) -> TextDataModule:
@@ -114,12 +137,23 @@ class ModelConfig:
 def load_model_config(path: str | Path) -> ModelConfig:
     path = Path(path).resolve()
     doc = read_yaml(path, "config file")
-    if (
-        not isinstance(doc, dict)
-        or not isinstance(doc.get("model"), dict)
-        or not isinstance(doc["model"].get("gpt"), dict)
-    ):
-        raise ValueError(f"config file {str(path)!r} has no model.gpt section; is it a repro fit config?")
+    model = doc.get("model") if isinstance(doc, dict) else None
+    if isinstance(model, dict) and model.get("pretrained"):
+        location = str(model["pretrained"])
+        local = path.parent / os.path.expanduser(location)
+        return ModelConfig(
+            path=str(path),
+            gpt={},
+            optim=dict(model.get("optim") or {}),
+            data=dict(doc.get("data") or {}),
+            trainer=dict(doc.get("trainer") or {}),
+            raw=doc,
+            pretrained=str(local) if local.exists() else location,
+        )
+    if not isinstance(model, dict) or not isinstance(model.get("gpt"), dict):
+        raise ValueError(
+            f"config file {str(path)!r} has no model.gpt (nor model.pretrained) section; is it a repro fit config?"
+        )
     cfg = ModelConfig(
         path=str(path),
         gpt=dict(doc["model"]["gpt"]),

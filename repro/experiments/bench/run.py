@@ -23,6 +23,7 @@ from repro.runs.provenance import git_commit, machine, now
 from .compile_section import bench_compile
 from .compressor_bench import bench_compressors
 from .data_section import bench_data
+from .hf_section import bench_hf
 from .measure import all_finite
 from .memory_bench import bench_memory
 from .pipeline_sections import bench_network, bench_pipeline, bench_scale
@@ -54,6 +55,7 @@ def run_bench(s: BenchSettings, out: Path, quiet: bool = False) -> dict[str, Any
         "memory": lambda: bench_memory(s, progress, store),
         "scale": lambda: bench_scale(s, progress, store),
         "data": lambda: bench_data(s, progress),
+        "hf": lambda: bench_hf(s, progress),
     }
     rows: list[dict[str, Any]] = []
     seconds: dict[str, float] = {}

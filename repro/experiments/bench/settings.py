@@ -18,7 +18,18 @@ from repro.runs.settings import ConfigPath, shipped_settings
 from repro.runs.settings import load_settings as load_settings_file
 
 PRESETS = ("full", "quick", "gpu")
-SECTIONS = ("lightning", "rope", "compile", "pipeline", "compressors", "network", "memory", "scale", "data")
+SECTIONS = (
+    "lightning",
+    "rope",
+    "compile",
+    "pipeline",
+    "compressors",
+    "network",
+    "memory",
+    "scale",
+    "data",
+    "hf",
+)
 
 
 @dataclass(frozen=True)

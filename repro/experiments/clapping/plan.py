@@ -118,11 +118,14 @@ def run_spec(
         overrides.update(finetune_data(settings, "finetune"))
         overrides.update(
             {
-                "model.init_checkpoint": str(checkpoint_path(base)),
                 "model.optim.lr": settings.finetune_lr,
                 "model.optim.warmup_steps": settings.finetune_warmup_steps,
             }
         )
+        if (
+            base is not None
+        ):  # without a base run, the model config is a pretrained model: the rows start from it
+            overrides["model.init_checkpoint"] = str(checkpoint_path(base))
     name = f"{row.key}-s{seed}"
     return RunSpec.make(
         name,

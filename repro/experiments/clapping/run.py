@@ -109,7 +109,7 @@ def run_clapping(
             )
         if regime == "finetune":
             finetune_batch = next(iter(dm.train_dataloader()))
-    if settings.finetune_data and "finetune" in settings.regimes:
+    if settings.finetune_data and "finetune" in settings.regimes and not config.is_pretrained:
         base_dm = config.datamodule(**cache)
         if tokenizer_digest(base_dm.tokenizer) != tokenizers["finetune"]:
             raise ValueError(
@@ -117,7 +117,7 @@ def run_clapping(
                 f"than the base's data; prepare it with --tokenizer <the base's prepared folder>/tokenizer.json"
             )
     runs_dir = out / "runs"
-    base = base_spec(settings, out) if "finetune" in settings.regimes else None
+    base = base_spec(settings, out) if "finetune" in settings.regimes and not config.is_pretrained else None
     jobs = grid(settings, runs_dir, base)
     clapping_data_use(settings, base, jobs, cache_dir)  # no run may pass over its data more than its limit
     start = time.perf_counter()
@@ -172,9 +172,7 @@ def run_clapping(
             settings.quant_error_bits,
         )
     first = settings.regimes[0]
-    memory = measure_memory(
-        settings, sizes[first], config.block_size, int(config.gpt["n_embd"]), config.batch_size
-    )
+    memory = measure_memory(settings, sizes[first], config.block_size, config.hidden_size, config.batch_size)
     report = build_report(
         settings,
         records,
@@ -220,7 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def print_clapping_plan(settings: ClappingSettings, out: Path, step_time: float | None) -> None:
     """The runs (the base, then the grid: K GPUs each), steps, tokens and GPU-hours, without training."""
-    base = base_spec(settings, out) if "finetune" in settings.regimes else None
+    pretrained = load_model_config(settings.model).is_pretrained  # the base is the pretrained model itself
+    base = base_spec(settings, out) if "finetune" in settings.regimes and not pretrained else None
     jobs = [spec for _, spec in grid(settings, out / "runs", base)]
     runs = (planned_runs([base], 1) if base else []) + [
         replace(r, gpus=settings.stages) for r in planned_runs(jobs, 2)

@@ -1,0 +1,138 @@
+"""Pretrained-model benchmark, on a random-initialised Llama of the bench's size saved locally:
+
+- per-rank memory of a K-stage split: the parameter bytes each rank reads (only its own stage,
+  through the meta device) against the whole model (goal: the largest rank at most 1/K + 10 %);
+- the Lightning path (Trainer + ``HFCausalLMModule``) against a plain loop on the Hugging Face
+  model's own forward, the two alternating step by step on the same batches (goal >= 0.97).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from repro.runs.build import make_trainer
+
+from .measure import pairwise, row
+from .settings import BenchSettings
+from .single_process import CLIP, _PairedPlainSteps
+from .workload import OPTIM, loader
+
+
+def tiny_llama(s: BenchSettings, folder: Path) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=s.vocab_size,
+        hidden_size=s.n_embd,
+        intermediate_size=4 * s.n_embd,
+        num_hidden_layers=s.n_layer,
+        num_attention_heads=s.n_head,
+        num_key_value_heads=s.n_head,
+        max_position_embeddings=max(s.seq_lengths),
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(str(folder))
+    return folder
+
+
+def stage_bytes(folder: Path, stages: int) -> tuple[list[int], int]:
+    """(parameter bytes each rank reads, bytes of the whole model), by materializing each stage's
+    parts alone in a model built on the meta device."""
+    from repro.models.hf_causal_lm import HFCausalLM
+    from repro.pipeline.stage_parts import HFStages, StageSplit, layers_per_stage
+
+    per_rank = []
+    for rank in range(stages):
+        model = HFCausalLM(str(folder))
+        parts = HFStages(model).parts()
+        split = StageSplit(rank, stages, layers_per_stage(len(parts.layers), stages), parts)
+        model.materialize(split.modules_of(rank))
+        per_rank.append(sum(p.numel() * p.element_size() for p in model.hf.parameters() if not p.is_meta))
+    whole = HFCausalLM(str(folder))
+    total = sum(p.numel() * p.element_size() for p in whole.hf.parameters())
+    return per_rank, total
+
+
+class PlainHFLoop:
+    """The same fine-tuning as a plain loop on the Hugging Face model's own forward: the module's
+    optimizer and schedule, cross-entropy, backward, clipping, step, zero_grad."""
+
+    def __init__(self, folder: Path) -> None:
+        from repro.lit.hf_module import HFCausalLMModule
+
+        self.module = HFCausalLMModule(str(folder), OPTIM)
+        self.module.model.materialize_all()
+        conf = self.module.configure_optimizers()
+        self.opt, self.sched = conf["optimizer"], conf["lr_scheduler"]["scheduler"]
+        self.params = [p for p in self.module.parameters() if p.requires_grad]
+        self.module.train()
+
+    def step(self, batch: dict[str, torch.Tensor]) -> None:
+        logits = self.module.model.hf(batch["input_ids"]).logits
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["targets"].flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, CLIP)
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+
+
+def bench_hf(s: BenchSettings, progress: Callable[[str], None]) -> list[dict[str, Any]]:
+    from repro.lit.hf_module import HFCausalLMModule
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="repro-bench-hf-") as tmp:
+        folder = tiny_llama(s, Path(tmp) / "llama")
+        for k in s.stages:
+            progress(f"hf: parameter bytes per rank of a {k}-stage split")
+            per_rank, total = stage_bytes(folder, k)
+            rows.append(
+                row(
+                    "hf",
+                    f"largest rank of a K={k} split: parameters read",
+                    "parameter memory",
+                    "bytes",
+                    [max(per_rank)],
+                    reference="the whole model",
+                    ratios=[max(per_rank) / total],
+                    ratio_meaning="the largest rank's parameter bytes over the whole model's (each rank reads "
+                    "only its stage; goal at most 1/K + 0.1)",
+                    goal=1 / k + 0.1,
+                    goal_kind="max",
+                    extra={"stages": k, "per_rank_bytes": per_rank, "model_bytes": total},
+                )
+            )
+        steps = s.warmup_steps + s.timed_steps
+        tokens = s.batch_size * s.block_size
+        ours, plain = [], []
+        for r in range(s.repeats):
+            progress(f"hf: Lightning against the plain Hugging Face loop, repeat {r + 1} of {s.repeats}")
+            data = loader(s, steps)
+            pairs = _PairedPlainSteps(PlainHFLoop(folder), list(data))
+            module = HFCausalLMModule(str(folder), OPTIM)
+            make_trainer(steps=steps, callbacks=[pairs], gradient_clip_val=CLIP).fit(
+                module, train_dataloaders=data
+            )
+            ours.append(tokens * s.timed_steps / sum(pairs.lightning_s[s.warmup_steps :]))
+            plain.append(tokens * s.timed_steps / sum(pairs.plain_s[s.warmup_steps :]))
+        rows.append(row("hf", "plain loop on the Hugging Face model", "throughput", "tokens/s", plain))
+        rows.append(
+            row(
+                "hf",
+                "Lightning Trainer + HFCausalLMModule",
+                "throughput",
+                "tokens/s",
+                ours,
+                reference="plain loop on the Hugging Face model",
+                ratios=pairwise(ours, plain),
+                ratio_meaning="tokens/s of Lightning / tokens/s of the plain Hugging Face loop (alternating)",
+                goal=0.97,
+            )
+        )
+    return rows
