@@ -96,14 +96,22 @@ def _pretrained_layers(config) -> int | None:
 
 
 def check_external_launch(processes: int, devices: int, nodes: int, env=None) -> None:
-    """Under torchrun, the processes it started must be the run's devices x num_nodes."""
+    """Under torchrun or srun, the processes it started must be the run's devices x num_nodes."""
     env = os.environ if env is None else env
-    if "TORCHELASTIC_RUN_ID" not in env or "WORLD_SIZE" not in env:
+    if "TORCHELASTIC_RUN_ID" in env and "WORLD_SIZE" in env:
+        launcher, world = "torchrun", int(env["WORLD_SIZE"])
+        local = int(env.get("LOCAL_WORLD_SIZE", world))
+    elif "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
+        launcher, world = "srun", int(env["SLURM_NTASKS"])
+        local = int(env.get("SLURM_NTASKS_PER_NODE", "0").split("(")[0] or 0) or max(
+            1, world // int(env.get("SLURM_NNODES", "1"))
+        )
+    else:
         return
-    world, local = int(env["WORLD_SIZE"]), int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"]))
     if world != processes:
+        size = "WORLD_SIZE" if launcher == "torchrun" else "SLURM_NTASKS"
         raise ConfigError(
-            f"torchrun started WORLD_SIZE={world} processes ({local} per node), but trainer.devices={devices} x "
+            f"{launcher} started {size}={world} processes ({local} per node), but trainer.devices={devices} x "
             f"trainer.num_nodes={nodes} = {processes}; pass --trainer.devices={local} "
             f"--trainer.num_nodes={max(1, world // max(local, 1))}"
         )

@@ -66,6 +66,13 @@ class StageProcesses(ParallelStrategy):
 
     def _configure_launcher(self) -> None:
         assert self.cluster_environment is not None
+        external = self.cluster_environment.creates_processes_externally
+        if external and self.options.start_method in ("fork", "spawn"):
+            raise ValueError(
+                f"strategy start_method={self.options.start_method!r}, but {type(self.cluster_environment).__name__} "
+                f"(torchrun, srun) already started every process: each would start {self.num_processes} more. Use "
+                f"start_method: popen (it launches nothing when the processes exist)"
+            )
         if self.options.start_method == "popen":
             launcher = compat.script_launcher(self.cluster_environment, self.num_processes, self.num_nodes)
         else:
