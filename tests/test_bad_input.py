@@ -176,3 +176,16 @@ def test_torchrun_without_num_nodes_is_one_line_before_any_process_starts(monkey
     assert len(lines) == 1 and "torchrun started WORLD_SIZE=2 processes (1 per node)" in lines[0]
     assert "--trainer.devices=1 --trainer.num_nodes=2" in lines[0]
     assert not list(tmp_path.rglob("*"))
+
+
+def test_gpu_check_without_a_gpu_is_one_line_and_checks_its_arguments(capsys, tmp_path, monkeypatch):
+    from repro.experiments.gpu_check import main as gpu_check
+
+    monkeypatch.chdir(tmp_path)
+    assert gpu_check(["--out", str(tmp_path / "out")]) == 1
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert lines == ["repro gpu-check: no CUDA GPU is visible here; nothing was measured"]
+    with pytest.raises(SystemExit) as exit_:
+        gpu_check(["--steps", "0"])
+    assert exit_.value.code == 2 and "--steps 0: must be a positive integer" in capsys.readouterr().err
+    assert not list(tmp_path.rglob("*"))

@@ -24,6 +24,7 @@ from .compile_section import bench_compile
 from .compressor_bench import bench_compressors
 from .data_section import bench_data
 from .hf_section import bench_hf
+from .link_section import bench_link
 from .measure import all_finite
 from .memory_bench import bench_memory
 from .pipeline_sections import bench_network, bench_pipeline, bench_scale
@@ -56,6 +57,7 @@ def run_bench(s: BenchSettings, out: Path, quiet: bool = False) -> dict[str, Any
         "scale": lambda: bench_scale(s, progress, store),
         "data": lambda: bench_data(s, progress),
         "hf": lambda: bench_hf(s, progress),
+        "link": lambda: bench_link(s, progress),
     }
     rows: list[dict[str, Any]] = []
     seconds: dict[str, float] = {}
@@ -110,6 +112,14 @@ def _note(r: dict[str, Any]) -> str:
         if r.get("reference"):
             out += f"; bound 1/ratio {r['speedup_bound_1_over_ratio']:.2f}, Amdahl {r['speedup_bound_amdahl']:.2f}"
         return out
+    if sec == "link":
+        out = f"ratio {r['compression_ratio']:.3f}; {r['achieved_mbit']:.1f} Mbit/s of messages"
+        if r.get("reference"):
+            out += f"; Amdahl bound {r['speedup_bound_amdahl']:.2f}"
+        return (
+            out
+            + f"; compute {r['compute_s_per_step']:.3f} s, link (none) {r['link_s_per_step_of_none']:.3f} s"
+        )
     if sec == "scale":
         return f"{r['bytes_per_step'] / 2**20:.2f} MiB sent per step"
     if sec == "memory" and "analytical_bytes" in r:

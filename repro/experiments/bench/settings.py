@@ -29,6 +29,7 @@ SECTIONS = (
     "scale",
     "data",
     "hf",
+    "link",
 )
 
 
@@ -103,6 +104,8 @@ class BenchSettings:
     data_repeats: int = 2  # data section: interleaved repeats of the throughput rows
     data_loader_batches: int = 200  # data section: batches timed per loader repeat
     gpu_tokens_per_s: float = 651_000.0  # data section: tokens/s of a compiled paper_mha step, one H200
+    link_rates_mbit: tuple[float, ...] = (100.0, 1000.0)  # link section: rates of the shaped links
+    link_timed_steps: int = 6  # link section: timed steps per run (after pipe_warmup_steps)
     sections: tuple[str, ...] = SECTIONS  # which sections run
     path: str = field(default="", compare=False)  # the YAML these settings came from
 
@@ -133,6 +136,7 @@ class BenchSettings:
             "data_vocab_size",
             "data_repeats",
             "data_loader_batches",
+            "link_timed_steps",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

@@ -274,7 +274,7 @@ def markdown(report: dict[str, Any]) -> str:
             "",
             "| method | compressor | p | val loss | Δ vs none [95% CI] | p (Holm) | total bytes | ratio vs none "
             "| bytes to target | buffer / rank (max) | train wall (s) "
-            f"| emulated {report['bandwidth_mbps']:g} Mbps (s) |",
+            f"| link-time bound at {report['bandwidth_mbps']:g} Mbps (s) |",
             "|" + "---|" * 12,
         ]
         for r in (r for r in report["rows"] if r["regime"] == regime):
@@ -301,7 +301,9 @@ def markdown(report: dict[str, Any]) -> str:
         f"{report['seeds']}, model `{report['model_config']}`, commit `{report['git_commit']}`. Loss: last "
         f"evaluation, mean ± std over seeds; Δ paired by seed, **bold**: resolved (Holm p < {ALPHA:g}); bytes to "
         f"target: bytes sent by the first evaluation within {s['target_margin']:g} nats of none's final loss "
-        "(mean over seeds, when every seed got there); emulated time: the busiest rank's bytes x 8 / bandwidth.",
+        "(mean over seeds, when every seed got there); link-time bound: the busiest rank's bytes x 8 / "
+        "bandwidth, computed from the bytes, not measured (`repro bench --sections link` measures step times "
+        "on real shaped links).",
         "",
     ]
     lines += ["Claims:", ""] + [

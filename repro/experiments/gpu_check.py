@@ -1,0 +1,133 @@
+"""``make gpu-check`` / ``repro gpu-check``: the one prepared GPU acceptance run (at most about 8
+minutes on one H200), written as one markdown table to paste into the README:
+
+1. ``make bench-gpu``: the Lightning path against the plain loop, eager and compiled, for
+   ``paper_mha`` and ``paper_mla`` (tokens/s, MFU, peak memory);
+2. a shortened ``gpu`` Table 1 (``experiments/table1/gpu_check.yaml``: the MHA half, one seed,
+   ``--steps``) with its wall time, and the ``--plan`` of the full ``gpu`` scale at the step time
+   measured here;
+3. a pipeline run of the Clapping strategy on the GPU (K ranks on K GPUs over NCCL; on one GPU the
+   K ranks share it, their messages through host memory over gloo).
+
+Without a CUDA GPU it says so in one line and measures nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from repro.arguments import Parser
+from repro.files import write_json_atomic, write_text_atomic
+from repro.paths import EXPERIMENTS_DIR, MODELS_DIR
+
+
+def gpu_check(out: Path, steps: int, quiet: bool = False) -> dict[str, Any]:
+    import torch
+
+    from repro.experiments.bench.run import run_bench
+    from repro.experiments.bench.settings import load_settings as bench_settings
+    from repro.experiments.table1.cost import print_table1_plan
+    from repro.experiments.table1.run import run_table1
+    from repro.experiments.table1.settings import load_table1_settings
+    from repro.runs import RunSpec, train_all
+    from repro.runs.provenance import git_commit, machine, now
+
+    start = time.perf_counter()
+    say = (
+        (lambda m: None)
+        if quiet
+        else (lambda m: print(f"[gpu-check {time.perf_counter() - start:5.0f}s] {m}", file=sys.stderr))
+    )
+    gpus = torch.cuda.device_count()
+    say(f"1/3 make bench-gpu on {torch.cuda.get_device_name(0)} ({gpus} GPU(s))")
+    bench = run_bench(bench_settings("gpu"), out / "bench-gpu", quiet=quiet)
+    say(f"2/3 a shortened gpu Table 1 ({steps} steps) and the plan of the full gpu scale")
+    t0 = time.perf_counter()
+    short = load_table1_settings(EXPERIMENTS_DIR / "table1" / "gpu_check.yaml", steps=steps)
+    table = run_table1(short, out / "table1", quiet=quiet)
+    table_s = time.perf_counter() - t0
+    plan = io.StringIO()
+    with contextlib.redirect_stdout(plan):
+        print_table1_plan(load_table1_settings(EXPERIMENTS_DIR / "table1" / "gpu.yaml"), out / "plan", None)
+    k = max(2, min(4, gpus))
+    say(f"3/3 a pipeline run: K={k} ranks {'over NCCL' if gpus >= k else f'sharing {gpus} GPU(s) over gloo'}")
+    spec = RunSpec.make(
+        "pipeline", out / "pipeline", MODELS_DIR / "smoke" / "table1_target_mha.yaml", 0, 40, 40,
+        {"trainer.limit_val_batches": 2}, {"micro_batches": 2, "method": "clapping_fc", "fwd_compressor": "quant(4)",
+                                          "bwd_compressor": "quant(8)", "p": 0.5}, stages=k,
+    )  # fmt: skip
+    t0 = time.perf_counter()
+    run = train_all([spec], "gpu")[spec.key]
+    pipe_s = time.perf_counter() - t0
+    report = {
+        "git_commit": git_commit(),
+        "created": now(),
+        "machine": machine(),
+        "gpu": torch.cuda.get_device_name(0),
+        "gpus": gpus,
+        "bench": bench["rows"],
+        "table1_short": {"steps": steps, "wall_s": table_s, "runs": table["runs_total"] if table else None},
+        "plan": plan.getvalue().splitlines(),
+        "pipeline": {"stages": k, "wall_s": pipe_s, "val_loss": run.final_val_loss, "summary": run.pipeline},
+        "wall_s": time.perf_counter() - start,
+    }
+    write_text_atomic(out / "gpu_check.md", markdown(report))
+    write_json_atomic(out / "gpu_check.json", report)
+    return report
+
+
+def markdown(r: dict[str, Any]) -> str:
+    lines = [
+        f"`make gpu-check` at commit {r['git_commit'][:7]}, {r['created']}, {r['gpu']} x {r['gpus']}, "
+        f"{r['wall_s'] / 60:.1f} min.",
+        "",
+        "| part | what | measured |",
+        "|---|---|---|",
+    ]
+    for row in r["bench"]:
+        if row["section"] != "compile":
+            continue
+        extra = f", MFU {100 * row['mfu']:.0f}%" if row.get("mfu") is not None else ""
+        ratio = f" (x{row['ratio']:.3f} vs {row['reference']})" if row.get("ratio") is not None else ""
+        lines.append(f"| bench-gpu | {row['name']} | {row['median']:,.0f} {row['unit']}{extra}{ratio} |")
+    t = r["table1_short"]
+    lines.append(
+        f"| Table 1 (gpu, shortened) | {t['runs']} runs of {t['steps']} steps | {t['wall_s'] / 60:.1f} min |"
+    )
+    for line in r["plan"]:
+        if "GPU-hours" in line or "wall time on" in line:
+            lines.append(f"| --plan (gpu scale, step time measured here) | {line.strip().split(':')[0]} | "
+                         f"{line.strip().split(':', 1)[1].strip()} |")  # fmt: skip
+    p = r["pipeline"]
+    lines.append(
+        f"| pipeline | clapping_fc quant(4)/quant(8), K={p['stages']}, 40 steps | {p['wall_s']:.0f} s, val loss "
+        f"{p['val_loss']:.4f} |"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = Parser(prog="repro gpu-check", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("results/gpu-check"), help="results folder")
+    parser.add_argument("--steps", type=int, default=300, help="steps of the shortened Table 1's runs")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    args = parser.parse_args(argv)
+    if args.steps <= 0:
+        parser.error(f"--steps {args.steps}: must be a positive integer")
+    import torch
+
+    if not torch.cuda.is_available():
+        print("repro gpu-check: no CUDA GPU is visible here; nothing was measured", file=sys.stderr)
+        return 1
+    report = gpu_check(args.out, args.steps, args.quiet)
+    print(markdown(report), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
