@@ -26,7 +26,7 @@ COMMANDS = {
     "table1": ("repro.experiments.table1.run", "make reproduce-table1: the whole Table 1 pipeline"),
     "clapping": ("repro.experiments.clapping.run", "make reproduce-clapping: the Clapping grid"),
     "bench": ("repro.experiments.bench.run", "make bench: speed, communication and memory"),
-    "gpu-check": ("repro.experiments.gpu_check", "make gpu-check: the one GPU acceptance run (a table)"),
+    "gpu-check": ("repro.gpu_check", "make gpu-check: the one GPU acceptance run (a table)"),
 }
 SHARED_MODULES = ("repro.lit.commands", "repro.alloc.commands")
 

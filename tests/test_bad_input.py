@@ -179,7 +179,7 @@ def test_torchrun_without_num_nodes_is_one_line_before_any_process_starts(monkey
 
 
 def test_gpu_check_without_a_gpu_is_one_line_and_checks_its_arguments(capsys, tmp_path, monkeypatch):
-    from repro.experiments.gpu_check import main as gpu_check
+    from repro.gpu_check import main as gpu_check
 
     monkeypatch.chdir(tmp_path)
     assert gpu_check(["--out", str(tmp_path / "out")]) == 1

@@ -18,6 +18,8 @@ from conftest import MODELS, REPO_ROOT
 
 PACKAGE = REPO_ROOT / "repro"
 README = (REPO_ROOT / "README.md").read_text()
+DOCS = REPO_ROOT / "docs"
+DOC_TEXT = README + "".join(p.read_text() for p in sorted(DOCS.glob("*.md")))  # the README and every page
 
 # The layers of DESIGN.md, lowest first: a module may import its own layer's package and lower layers.
 LAYERS = [
@@ -192,11 +194,22 @@ def test_no_module_is_much_longer_than_300_lines():
 
 # ------------------------------------------------------------------------------------------- documentation
 def readme_layout() -> str:
-    section = README.split("## Layout", 1)[1]
-    return section.split("```", 2)[1]
+    return (DOCS / "layout.md").read_text().split("```", 2)[1]
 
 
-def test_the_readme_layout_names_every_package_and_module():
+def test_the_readme_is_a_landing_page_whose_links_exist():
+    assert len(README.splitlines()) < 300
+    links = re.findall(r"\]\(((?:docs/)?[A-Za-z0-9_./]+\.md)(?:#[a-z0-9-]+)?\)", README)
+    assert {"docs/table1.md", "docs/clapping.md", "docs/layout.md"} <= set(links)
+    missing = [link for link in links if not (REPO_ROOT / link).is_file()]
+    for page in DOCS.glob("*.md"):  # and the pages' links to each other
+        for link in re.findall(r"\]\(([A-Za-z0-9_./]+\.md)(?:#[a-z0-9-]+)?\)", page.read_text()):
+            if not ((DOCS / link).is_file() or (REPO_ROOT / link).is_file()):
+                missing.append(f"{page.name} -> {link}")
+    assert not missing, missing
+
+
+def test_the_layout_page_names_every_package_and_module():
     layout = readme_layout()
     missing = [
         str(p.relative_to(PACKAGE))
@@ -208,14 +221,14 @@ def test_the_readme_layout_names_every_package_and_module():
         for p in PACKAGE.rglob("__init__.py")
         if p.parent != PACKAGE and f"{p.parent.name}/" not in layout
     ]
-    assert not missing, f"README layout does not mention {missing}"
+    assert not missing, f"docs/layout.md does not mention {missing}"
     named = set(re.findall(r"\b([a-z_0-9]+)\.py\b", layout))
     existing = {p.stem for p in REPO_ROOT.rglob("*.py") if ".venv" not in p.parts}
-    assert named <= existing, f"README layout names files that do not exist: {sorted(named - existing)}"
+    assert named <= existing, f"docs/layout.md names files that do not exist: {sorted(named - existing)}"
 
 
-def test_every_config_path_in_the_readme_exists():
-    paths = set(re.findall(r"paper_configs/[A-Za-z0-9_/.<>{},|-]+\.yaml", README))
+def test_every_config_path_in_the_readme_and_docs_exists():
+    paths = set(re.findall(r"paper_configs/[A-Za-z0-9_/.<>{},|-]+\.yaml", DOC_TEXT))
     from repro.paths import MOVED
 
     missing = [
@@ -223,10 +236,10 @@ def test_every_config_path_in_the_readme_exists():
         for p in sorted(paths)
         if "<" not in p and "{" not in p and not (REPO_ROOT / p).is_file() and p not in MOVED
     ]
-    assert not missing, f"README names config files that do not exist: {missing}"
+    assert not missing, f"the README or docs name config files that do not exist: {missing}"
 
 
-def test_every_strategy_option_is_in_the_pipeline_config_and_the_readme():
+def test_every_strategy_option_is_in_the_pipeline_config_and_the_strategy_page():
     from repro.pipeline.options import PipelineOptions
 
     options = [f.name for f in dataclasses.fields(PipelineOptions) if f.init]
@@ -235,10 +248,12 @@ def test_every_strategy_option_is_in_the_pipeline_config_and_the_readme():
     ]
     assert set(listed) == set(options)
     table = "\n".join(
-        line for line in README.split("**Options**", 1)[1].splitlines()[:40] if line.startswith("| `")
+        line
+        for line in (DOCS / "strategy.md").read_text().split("**Options**", 1)[1].splitlines()[:40]
+        if line.startswith("| `")
     )
     missing = [name for name in options if f"`{name}`" not in table]
-    assert not missing, f"README options table lacks {missing}"
+    assert not missing, f"docs/strategy.md options table lacks {missing}"
     assert set(field_comments(PipelineOptions)) >= set(options)
 
 
