@@ -19,7 +19,6 @@ import matplotlib.pyplot as plt
 
 COLUMN_WIDTH_IN = 3.4  # one column of a two-column paper
 TEXT_WIDTH_IN = 7.0  # both columns
-ARCH_TITLE = {"mha": "fixed width (MHA)", "mla": "MLA"}
 
 
 def style() -> None:

@@ -64,3 +64,15 @@ def read_yaml(path: str | os.PathLike, what: str = "file") -> Any:
         return yaml.safe_load(path.read_text())
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise ValueError(f"{what} {str(path)!r} is not valid YAML: {exc}") from exc
+
+
+def write_report(out: str | os.PathLike, stem: str, doc: Any, markdown: str) -> None:
+    """``<out>/<stem>.md`` then ``<out>/<stem>.json``, each atomically (the json last: its presence
+    means the report is whole)."""
+    write_text_atomic(Path(out) / f"{stem}.md", markdown)
+    write_json_atomic(Path(out) / f"{stem}.json", doc)
+
+
+def table_head(title: str, columns: list[str]) -> list[str]:
+    """The first lines of a markdown report: its title, a blank line, a table's header and rule."""
+    return [title, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]

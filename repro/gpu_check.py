@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from repro.arguments import Parser
-from repro.files import write_json_atomic, write_text_atomic
+from repro.files import table_head, write_report
 from repro.paths import EXPERIMENTS_DIR, MODELS_DIR
 
 
@@ -35,7 +35,7 @@ def gpu_check(out: Path, steps: int, quiet: bool = False) -> dict[str, Any]:
     from repro.experiments.table1.run import run_table1
     from repro.experiments.table1.settings import load_table1_settings
     from repro.runs import RunSpec, train_all
-    from repro.runs.provenance import git_commit, machine, now
+    from repro.runs.provenance import provenance_header
 
     start = time.perf_counter()
     say = (
@@ -65,9 +65,7 @@ def gpu_check(out: Path, steps: int, quiet: bool = False) -> dict[str, Any]:
     run = train_all([spec], "gpu")[spec.key]
     pipe_s = time.perf_counter() - t0
     report = {
-        "git_commit": git_commit(),
-        "created": now(),
-        "machine": machine(),
+        **provenance_header(),
         "gpu": torch.cuda.get_device_name(0),
         "gpus": gpus,
         "bench": bench["rows"],
@@ -76,19 +74,13 @@ def gpu_check(out: Path, steps: int, quiet: bool = False) -> dict[str, Any]:
         "pipeline": {"stages": k, "wall_s": pipe_s, "val_loss": run.final_val_loss, "summary": run.pipeline},
         "wall_s": time.perf_counter() - start,
     }
-    write_text_atomic(out / "gpu_check.md", markdown(report))
-    write_json_atomic(out / "gpu_check.json", report)
+    write_report(out, "gpu_check", report, markdown(report))
     return report
 
 
 def markdown(r: dict[str, Any]) -> str:
-    lines = [
-        f"`make gpu-check` at commit {r['git_commit'][:7]}, {r['created']}, {r['gpu']} x {r['gpus']}, "
-        f"{r['wall_s'] / 60:.1f} min.",
-        "",
-        "| part | what | measured |",
-        "|---|---|---|",
-    ]
+    title = f"`make gpu-check` at commit {r['git_commit'][:7]}, {r['created']}, {r['gpu']} x {r['gpus']}, "
+    lines = table_head(title + f"{r['wall_s'] / 60:.1f} min.", ["part", "what", "measured"])
     for row in r["bench"]:
         if row["section"] != "compile":
             continue

@@ -210,6 +210,14 @@ def power_figures(
     }
 
 
+def mean_std(values: Sequence[float]) -> tuple[float, float | None]:
+    """The mean and the sample standard deviation of seeds' values (no std of a single value)."""
+    values = [float(v) for v in values if v is not None]
+    if not values:
+        return float("nan"), None
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
+
+
 def mean_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float, float]:
     """(mean, low, high): the Student-t confidence interval of a mean (low = high = mean for one value)."""
     n = len(values)

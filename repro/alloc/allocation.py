@@ -14,7 +14,7 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from repro.models.config import GPTConfig
+from repro.models.config import GPTConfig, width_field_of
 
 from .budget import BudgetLevels, level_to_width, num_high_layers, width_to_level
 from .profile import LayerProfile
@@ -52,7 +52,7 @@ class Allocation:
 
     @property
     def config_field(self) -> str:
-        return "rope_dims" if self.attention == "mha" else "qk_rope_head_dim"
+        return width_field_of(self.attention)
 
 
 def top_k_layers(values: list[float], k: int) -> list[int]:

@@ -35,7 +35,7 @@ from .budget import default_levels, levels_for, num_high_layers
 from .command_arguments import build_parser
 from .coverage_profile import CoverageProfileSettings, coverage_benefit_profile, pair_benefits, profile_specs
 from .fidelity import coverage_fidelity, format_fidelity, phase_off_fidelity
-from .phase_off_profile import measure_phase_off_profile, train_reference
+from .phase_off_profile import measure_phase_off_profile, reference_spec, train_reference
 from .pretrained_profile import measure_pretrained_profile, pretrained_config
 from .profile import LayerProfile
 from .transfer import transfer_profile
@@ -98,9 +98,8 @@ def _profile(args) -> None:
             eval_every = args.eval_every or max(1, args.ref_steps // 5)
             levels = _levels(args, shape)
             print(f"[phase-off] training the all-high reference for {args.ref_steps} steps", file=sys.stderr)
-            ref = train_reference(
-                config, levels, args.ref_steps, args.seed, eval_every, _runs_dir(args), args.accelerator
-            )
+            spec = reference_spec(config, levels, args.ref_steps, args.seed, eval_every, _runs_dir(args))
+            ref = train_reference(spec, args.accelerator)
             checkpoint = Path(ref.checkpoint)
         profile = measure_phase_off_profile(config, checkpoint, per_head=args.per_head)
         profile.save(args.out)
@@ -193,9 +192,8 @@ def _fidelity(args, config, shape) -> None:
     profile = coverage_benefit_profile(
         config, levels, settings, runs_dir, args.accelerator, workers=args.workers
     )
-    ref = train_reference(
-        config, levels, steps, args.seeds[0], every, runs_dir, args.accelerator, checkpoint_every=every
-    )
+    spec = reference_spec(config, levels, steps, args.seeds[0], every, runs_dir, checkpoint_every=every)
+    ref = train_reference(spec, args.accelerator)
     checkpoints = [
         (k_step, runs_dir / f"{Path(ref.checkpoint).stem}-step{k_step}.ckpt")
         for k_step in range(every, steps, every)
@@ -328,8 +326,7 @@ def _account(args) -> None:
                 raise ValueError(
                     f"allocation '{a['method']}' has {len(a['widths'])} layers but the model has {shape.n_layer}"
                 )
-            field = "rope_dims" if shape.attention == "mha" else "qk_rope_head_dim"
-            cfg = shape.__class__(**{**shape.to_dict(), field: a["widths"]})
+            cfg = shape.__class__(**{**shape.to_dict(), shape.width_field: a["widths"]})
             rows.append(
                 {
                     "method": a["method"],

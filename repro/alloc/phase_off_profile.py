@@ -109,18 +109,7 @@ def reference_spec(
     )
 
 
-def train_reference(
-    config: ModelConfig,
-    levels: BudgetLevels,
-    steps: int,
-    seed: int,
-    eval_every: int,
-    folder: Path,
-    accelerator: str = "cpu",
-    cache_dir: str | None = None,
-    checkpoint_every: int = 0,
-) -> RunResult:
-    """Train (or reuse) the all-high reference model of the phase-off profile (with ``checkpoint_every``,
-    also its checkpoints along the way)."""
-    spec = reference_spec(config, levels, steps, seed, eval_every, folder, checkpoint_every)
-    return train_all([spec], accelerator, 1, cache_dir, Progress("phase-off", 1, steps))[spec.key]
+def train_reference(spec: RunSpec, accelerator: str = "cpu", cache_dir: str | None = None) -> RunResult:
+    """Train (or reuse) the all-high reference model of the phase-off profile (``reference_spec``;
+    with its ``checkpoint_every``, also its checkpoints along the way)."""
+    return train_all([spec], accelerator, 1, cache_dir, Progress("phase-off", 1, spec.steps))[spec.key]

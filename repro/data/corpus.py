@@ -163,18 +163,9 @@ def _load_hf_directory(path: str | None, text_field: str) -> list[Document] | Do
 
 
 # ---------------------------------------------------------------------------- split
-def split_documents(
-    documents: list[Document],
-    val_fraction: float = 0.1,
-    seed: int = 0,
-    val_documents: list[str] | None = None,
-    test_fraction: float = 0.0,
-    test_documents: list[str] | None = None,
-) -> DocumentSplit:
-    """The documents split by ``split_names`` (each split in name order)."""
-    parts = split_names(
-        [d.name for d in documents], val_fraction, seed, val_documents, test_fraction, test_documents
-    )
+def split_documents(documents: list[Document], *args, **kwargs) -> DocumentSplit:
+    """The documents split by ``split_names`` (the same further arguments; each split in name order)."""
+    parts = split_names([d.name for d in documents], *args, **kwargs)
     by_name = {d.name: d for d in documents}
     return DocumentSplit(*([by_name[n] for n in parts[split]] for split in ("train", "validation", "test")))
 

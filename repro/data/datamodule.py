@@ -341,23 +341,20 @@ class TextDataModule(L.LightningDataModule):
             trainer.current_epoch * n_batches + trainer.fit_loop.epoch_loop.batch_progress.current.processed
         )
 
-    def val_dataloader(self) -> DataLoader:
+    def _eval_loader(self, blocks: PackedBlocks) -> DataLoader:
         return DataLoader(
-            self.val_set,
+            blocks,
             batch_size=self.eval_batch_size,
             shuffle=False,
             collate_fn=collate_blocks,
             num_workers=self.num_workers,
         )
 
+    def val_dataloader(self) -> DataLoader:
+        return self._eval_loader(self.val_set)
+
     def test_dataloader(self) -> DataLoader:
-        return DataLoader(
-            self.test_set,
-            batch_size=self.eval_batch_size,
-            shuffle=False,
-            collate_fn=collate_blocks,
-            num_workers=self.num_workers,
-        )
+        return self._eval_loader(self.test_set)
 
 
 def _check_arguments(args: dict) -> None:

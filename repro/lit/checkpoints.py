@@ -10,9 +10,10 @@ from typing import Any
 import torch
 
 from repro.models import GPTConfig
+from repro.models.config import ATTENTION_KINDS, width_field_of
 from repro.models.gpt import GPT
 
-WIDTH_FIELDS = ("rope_dims", "qk_rope_head_dim")
+WIDTH_FIELDS = tuple(width_field_of(kind) for kind in ATTENTION_KINDS)  # both kinds' per-layer RoPE lists
 
 
 def read_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from .hf_module import HFCausalLMModule
 from .precision import default_precision
 
 SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
+VERBOSE_ENV = "REPRO_VERBOSE"  # set (to 1) by a command's -v: Lightning's own lines are shown
 
 
 def one_line(exc: Exception) -> str:
@@ -125,7 +126,7 @@ class ReproCLI(LightningCLI):
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("model_class", GPTLightningModule)
         kwargs.setdefault("datamodule_class", TextDataModule)
-        if not os.environ.get("REPRO_VERBOSE"):  # the seed is in the saved config.yaml; -v shows the line
+        if not os.environ.get(VERBOSE_ENV):  # the seed is in the saved config.yaml; -v shows the line
             logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
         super().__init__(*args, **kwargs)
 

@@ -131,19 +131,8 @@ class GPTLightningModule(L.LightningModule):
         compile: bool | str = False,
     ) -> None:
         super().__init__()
-        if nonfinite not in ("raise", "skip"):
-            raise ValueError(f"model.nonfinite={nonfinite!r}: allowed values are ('raise', 'skip')")
-        if nonfinite_check not in NONFINITE_CHECKS:
-            raise ValueError(
-                f"model.nonfinite_check={nonfinite_check!r}: allowed values are {NONFINITE_CHECKS}"
-            )
-        check_compile_backend(compile, "model.compile")
-        self.nonfinite = nonfinite
-        self.nonfinite_check = nonfinite_check
-        self.compile_backend = ("inductor" if compile is True else compile) or None
-        self.deferred = None  # the counters of a deferred check, once the optimizer exists
+        self._training_options(nonfinite, nonfinite_check, compile)
         self.init_checkpoint = init_checkpoint
-        self.skipped_steps = 0
         # load_from_checkpoint passes the saved hyperparameters back as plain dicts
         gpt = GPTConfig(**gpt) if isinstance(gpt, dict) else gpt
         optim = OptimConfig(**optim) if isinstance(optim, dict) else optim
@@ -155,6 +144,20 @@ class GPTLightningModule(L.LightningModule):
             self.model.compile(backend=self.compile_backend)  # in place: parameter names unchanged
         self.eval_loss = MeanMetric()  # token-weighted mean next-token loss of an evaluation
         self.eval_ppl = MeanExp()  # exp of that mean: the perplexity
+
+    def _training_options(self, nonfinite: str, nonfinite_check: str, compile: bool | str) -> None:
+        """The options every causal LM module of the suite shares, checked (one line each)."""
+        if nonfinite not in ("raise", "skip"):
+            raise ValueError(f"model.nonfinite={nonfinite!r}: allowed values are ('raise', 'skip')")
+        if nonfinite_check not in NONFINITE_CHECKS:
+            raise ValueError(
+                f"model.nonfinite_check={nonfinite_check!r}: allowed values are {NONFINITE_CHECKS}"
+            )
+        check_compile_backend(compile, "model.compile")
+        self.nonfinite, self.nonfinite_check = nonfinite, nonfinite_check
+        self.compile_backend = ("inductor" if compile is True else compile) or None
+        self.deferred = None  # the counters of a deferred check, once the optimizer exists
+        self.skipped_steps = 0
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)

@@ -15,10 +15,9 @@ from typing import Literal
 import lightning as L
 from torchmetrics import MeanMetric
 
-from repro.models.compiling import check_compile_backend
 from repro.models.hf_causal_lm import HFCausalLM, HFModelError
 
-from .gpt_module import NONFINITE_CHECKS, GPTLightningModule, MeanExp, OptimConfig
+from .gpt_module import GPTLightningModule, MeanExp, OptimConfig
 
 
 class HFCausalLMModule(GPTLightningModule):
@@ -45,17 +44,9 @@ class HFCausalLMModule(GPTLightningModule):
         compile: bool | str = False,
     ) -> None:
         L.LightningModule.__init__(self)
-        if nonfinite not in ("raise", "skip"):
-            raise ValueError(f"model.nonfinite={nonfinite!r}: allowed values are ('raise', 'skip')")
-        if nonfinite_check not in NONFINITE_CHECKS:
-            raise ValueError(
-                f"model.nonfinite_check={nonfinite_check!r}: allowed values are {NONFINITE_CHECKS}"
-            )
-        check_compile_backend(compile, "model.compile")
+        self._training_options(nonfinite, nonfinite_check, compile)
         optim = OptimConfig(**optim) if isinstance(optim, dict) else optim
-        self.nonfinite, self.nonfinite_check = nonfinite, nonfinite_check
-        self.compile_backend = ("inductor" if compile is True else compile) or None
-        self.deferred, self.init_checkpoint, self.skipped_steps = None, None, 0
+        self.init_checkpoint = None
         self.optim_config = optim or OptimConfig()
         try:
             self.model = HFCausalLM(pretrained, attention, tie_embeddings)

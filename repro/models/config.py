@@ -16,6 +16,12 @@ ROPE_CONVENTIONS = ("neox", "prope")
 MLP_KINDS = ("swiglu", "gelu")
 
 
+def width_field_of(attention: str) -> str:
+    """The GPTConfig list that holds the per-layer RoPE widths of an attention kind: the rotated
+    dims of each query/key head (MHA) or the physical rotary width d_R of each layer (MLA)."""
+    return "rope_dims" if attention == "mha" else "qk_rope_head_dim"
+
+
 @dataclass
 class GPTConfig:
     vocab_size: int = 512  # tokens in the vocabulary (linked from the datamodule by the CLI)
@@ -45,6 +51,10 @@ class GPTConfig:
 
     def __post_init__(self) -> None:
         self.validate()
+
+    @property
+    def width_field(self) -> str:
+        return width_field_of(self.attention)
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:

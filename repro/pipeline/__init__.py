@@ -21,11 +21,3 @@ __all__ = [
     "build_compressor",
     "stage_adapter_for",
 ]
-
-
-def __getattr__(name: str):
-    if name == "ClappingStrategy":  # the class path of earlier configs
-        raise AttributeError(
-            "repro.pipeline.ClappingStrategy moved: use class_path repro.pipeline.lightning.ClappingStrategy"
-        )
-    raise AttributeError(f"module 'repro.pipeline' has no attribute {name!r}")

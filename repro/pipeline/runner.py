@@ -94,8 +94,8 @@ class StageRunner:
         links: The point-to-point transport.
         codecs: {('fwd', 'send'), ('fwd', 'recv'), ('bwd', 'send'), ('bwd', 'recv')} -> ChannelCodec
             (only those that exist for this stage).
-        input_fn: ``pipeline_input`` of the module.
-        loss_fn: ``pipeline_loss`` of the module.
+        input_fn: the stage adapter's ``input`` (what the first part reads from a micro-batch).
+        loss_fn: the stage adapter's ``loss`` (the mean loss of a micro-batch from the last part).
     """
 
     def __init__(

@@ -24,7 +24,7 @@ from jsonargparse import ArgumentError
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from repro.files import read_json, write_json_atomic
-from repro.lit.cli import ConfigError, ReproCLI, one_line
+from repro.lit.cli import VERBOSE_ENV, ConfigError, ReproCLI, one_line
 from repro.lit.gpt_module import GPTLightningModule
 from repro.lit.hf_module import HFCausalLMModule
 from repro.pipeline.lightning import ClappingStrategy
@@ -47,9 +47,6 @@ HARMLESS_WARNINGS = (
     r".*Checkpoint directory .* exists and is not empty.*",
     r".*LightningCLI.s args parameter is intended to run from within Python.*",
 )
-
-
-VERBOSE_ENV = "REPRO_VERBOSE"  # set (to 1) by a command's -v: Lightning's own lines are shown
 
 
 def quiet_lightning() -> None:

@@ -20,6 +20,7 @@ from repro.data import TextDataModule
 from repro.data.datamodule import PATH_FIELDS
 from repro.files import read_yaml, write_text_atomic
 from repro.models import GPTConfig
+from repro.models.config import width_field_of
 
 LINKED_GPT_FIELDS = ("vocab_size", "block_size")
 # What an experiment decides for every run (its settings own these numbers): a model file that an
@@ -34,9 +35,9 @@ SCHEDULE_KEYS = (
 )
 
 
-def width_field(attention: str) -> str:
-    """The config list that holds the per-layer RoPE widths of an attention kind."""
-    return "rope_dims" if attention == "mha" else "qk_rope_head_dim"
+width_field = (
+    width_field_of  # the config list of an attention kind's per-layer RoPE widths (GPTConfig owns it)
+)
 
 
 @dataclass

@@ -60,3 +60,8 @@ def machine(threads: int | None = None) -> dict[str, Any]:
 
 def provenance(threads: int | None = None) -> dict[str, Any]:
     return {"git_commit": git_commit(), "created": now(), "machine": machine(threads)}
+
+
+def provenance_header() -> dict:
+    """What every report starts with: the commit, when, and on what machine."""
+    return {"git_commit": git_commit(), "created": now(), "machine": machine()}

@@ -21,7 +21,7 @@ from jsonargparse import ArgumentParser
 from jsonargparse.typing import Path_fr
 
 from repro.dataclass_docs import fields_help
-from repro.paths import EXPERIMENTS_DIR, missing_file_message, moved_to
+from repro.paths import EXPERIMENTS_DIR, missing_file_message
 
 ConfigPath = Path_fr  # a field of this type is a file path, relative to the settings file that names it
 S = TypeVar("S")
@@ -104,8 +104,7 @@ def _one_line(exc: Exception, cls: type) -> str:
         return f"{field}={literal.group(2).strip()!r}: allowed {literal.group(1)}"
     missing = re.search(r"File does not exist: '([^']*)'", text)
     if missing:
-        new = moved_to(missing.group(1))
-        return f"{field}: no such file {missing.group(1)!r}" + (f" (it moved to {new})" if new else "")
+        return f"{field}: no such file {missing.group(1)!r}"
     typed = re.search(r"Expected a <class '(\w+)'>\. Got value: (.*?)(?: Given value type.*)?$", text)
     if typed:
         return f"{field}: {typed.group(2).strip()!r} is not a valid {typed.group(1)}"

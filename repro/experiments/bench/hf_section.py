@@ -17,9 +17,9 @@ import torch
 
 from repro.runs.build import make_trainer
 
-from .measure import pairwise, row
+from .measure import row
 from .settings import BenchSettings
-from .single_process import CLIP, _PairedPlainSteps
+from .single_process import CLIP, _PairedPlainSteps, lightning_rows
 from .workload import OPTIM, loader
 
 
@@ -121,18 +121,7 @@ def bench_hf(s: BenchSettings, progress: Callable[[str], None]) -> list[dict[str
             )
             ours.append(tokens * s.timed_steps / sum(pairs.lightning_s[s.warmup_steps :]))
             plain.append(tokens * s.timed_steps / sum(pairs.plain_s[s.warmup_steps :]))
-        rows.append(row("hf", "plain loop on the Hugging Face model", "throughput", "tokens/s", plain))
-        rows.append(
-            row(
-                "hf",
-                "Lightning Trainer + HFCausalLMModule",
-                "throughput",
-                "tokens/s",
-                ours,
-                reference="plain loop on the Hugging Face model",
-                ratios=pairwise(ours, plain),
-                ratio_meaning="tokens/s of Lightning / tokens/s of the plain Hugging Face loop (alternating)",
-                goal=0.97,
-            )
+        rows += lightning_rows(
+            "hf", "plain loop on the Hugging Face model", "Lightning Trainer + HFCausalLMModule", ours, plain
         )
     return rows

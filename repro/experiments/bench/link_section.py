@@ -30,10 +30,9 @@ def rank_main(spec: dict[str, Any]) -> None:
     import torch
 
     from repro.lit import GPTLightningModule
-    from repro.pipeline.lightning import ClappingStrategy
     from repro.runs.build import make_trainer
 
-    from .pipelines import _RankReport
+    from .pipelines import _RankReport, run_strategy
     from .settings import load_settings
     from .workload import OPTIM, gpt_config, loader
 
@@ -42,16 +41,7 @@ def rank_main(spec: dict[str, Any]) -> None:
     steps = s.pipe_warmup_steps + s.link_timed_steps
     torch.manual_seed(0)
     module = GPTLightningModule(gpt_config(s), OPTIM)
-    strategy = ClappingStrategy(
-        micro_batches=s.micro_batches,
-        method=run.method,
-        fwd_compressor=run.fwd_compressor,
-        bwd_compressor=run.bwd_compressor,
-        p=run.p,
-        sampler_seed=0,
-        start_method="popen",  # the processes exist already: it launches nothing
-        timeout_s=600,
-    )
+    strategy = run_strategy(s, run, "popen", timeout_s=600)  # popen: the processes exist, it launches nothing
     trainer = make_trainer(
         steps=steps,
         devices=1,

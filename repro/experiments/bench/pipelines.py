@@ -71,6 +71,21 @@ class _RankReport(L.Callback):
         )
 
 
+def run_strategy(s: BenchSettings, run: NetworkRun, start_method: str, seed: int = 0, **options: Any):
+    """The strategy of one bench run: its method and compressors, the bench's micro-batches."""
+    return ClappingStrategy(
+        micro_batches=s.micro_batches,
+        method=run.method,
+        fwd_compressor=run.fwd_compressor,
+        bwd_compressor=run.bwd_compressor,
+        p=run.p,
+        sampler_seed=seed,
+        start_method=start_method,
+        timeout_s=options.pop("timeout_s", 300),
+        **options,
+    )
+
+
 def clapping_run(
     cfg: GPTConfig,
     s: BenchSettings,
@@ -87,17 +102,7 @@ def clapping_run(
         folder = Path(tmp)
         torch.manual_seed(seed)
         module = GPTLightningModule(cfg, OPTIM)
-        strategy = ClappingStrategy(
-            micro_batches=s.micro_batches,
-            method=run.method,
-            fwd_compressor=run.fwd_compressor,
-            bwd_compressor=run.bwd_compressor,
-            p=run.p,
-            sampler_seed=seed,
-            bandwidth_mbps=bandwidth_mbps,
-            start_method="fork",
-            timeout_s=300,
-        )
+        strategy = run_strategy(s, run, "fork", seed, bandwidth_mbps=bandwidth_mbps)
         trainer = make_trainer(
             steps=steps, devices=k, strategy=strategy, callbacks=[_RankReport(folder, threads_per_process(k))]
         )

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from repro.arguments import Parser
-from repro.files import write_json_atomic, write_text_atomic
+from repro.files import table_head, write_report
 from repro.runs.build import VERBOSE_ENV, quiet_lightning
 from repro.runs.provenance import git_commit, machine, now
 
@@ -79,9 +79,7 @@ def run_bench(s: BenchSettings, out: Path, quiet: bool = False) -> dict[str, Any
     }
     if not all_finite(report):
         raise RuntimeError("a benchmark produced a non-finite number; bench.json was not written")
-    out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / "bench.md", format_table(report))
-    write_json_atomic(out / "bench.json", report)  # last: its presence means the run finished
+    write_report(out, "bench", report, format_table(report))  # bench.json last: the run finished
     return report
 
 
@@ -137,13 +135,12 @@ def _note(r: dict[str, Any]) -> str:
 
 
 def format_table(report: dict[str, Any]) -> str:
-    lines = [
+    title = (
         f"Benchmark `{report['preset']}` at commit {report['git_commit']}, {report['created']}, "
-        f"{report['machine']['cpus']} CPUs, torch {report['machine']['torch']}, {report['wall_s'] / 60:.1f} min.",
-        "",
-        "| section | row | median | min..max | n | ratio (median, min..max) | goal | notes |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+        f"{report['machine']['cpus']} CPUs, torch {report['machine']['torch']}, {report['wall_s'] / 60:.1f} min."
+    )
+    columns = ["section", "row", "median", "min..max", "n", "ratio (median, min..max)", "goal", "notes"]
+    lines = table_head(title, columns)
     for r in report["rows"]:
         unit = r["unit"]
         ratio = "" if r["ratio"] is None else f"{r['ratio']:.3f} ({r['ratio_min']:.3f}..{r['ratio_max']:.3f})"

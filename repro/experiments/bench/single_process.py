@@ -110,17 +110,26 @@ def bench_lightning(s: BenchSettings, progress: Callable[[str], None]) -> list[d
         lightning_s, plain_s = paired_step_times(cfg, s, steps, seed=r)
         ours.append(tokens * s.timed_steps / sum(lightning_s[s.warmup_steps :]))
         plain.append(tokens * s.timed_steps / sum(plain_s[s.warmup_steps :]))
+    return lightning_rows(
+        "lightning", "plain PyTorch loop", "Lightning Trainer + GPTLightningModule", ours, plain
+    )
+
+
+def lightning_rows(
+    section: str, plain_name: str, ours_name: str, ours: list[float], plain: list[float]
+) -> list[dict]:
+    """The plain loop's row and Lightning's, with their step-by-step paired ratio (goal >= 0.97)."""
     return [
-        row("lightning", "plain PyTorch loop", "throughput", "tokens/s", plain),
+        row(section, plain_name, "throughput", "tokens/s", plain),
         row(
-            "lightning",
-            "Lightning Trainer + GPTLightningModule",
+            section,
+            ours_name,
             "throughput",
             "tokens/s",
             ours,
-            reference="plain PyTorch loop",
+            reference=plain_name,
             ratios=pairwise(ours, plain),
-            ratio_meaning="tokens/s of Lightning / tokens/s of the plain loop (alternating step by step)",
+            ratio_meaning=f"tokens/s of {ours_name} / tokens/s of the {plain_name} (alternating step by step)",
             goal=0.97,
         ),
     ]

@@ -19,7 +19,7 @@ from typing import Any
 
 from repro.files import write_json_atomic, write_text_atomic
 from repro.runs.provenance import git_commit, machine, now
-from repro.stats import ALPHA, paired_comparison, power_figures, with_holm
+from repro.stats import ALPHA, mean_std, paired_comparison, power_figures, with_holm
 
 from .settings import ClappingSettings
 
@@ -46,13 +46,6 @@ COLUMNS = (
     "seeds",
     "seed_losses",
 )
-
-
-def _mean_std(values: list[float]) -> tuple[float, float]:
-    values = [v for v in values if v is not None]
-    if not values:
-        return float("nan"), float("nan")
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
 def bytes_at_loss(run: dict[str, Any], target: float) -> float | None:
@@ -82,7 +75,7 @@ def regime_rows(settings: ClappingSettings, regime: str, runs: list[dict[str, An
     )
     rows = []
     for (method, compressor, p), group in groups.items():
-        loss, loss_std = _mean_std([r["final_val_loss"] for r in group])
+        loss, loss_std = mean_std([r["final_val_loss"] for r in group])
         ratios = [
             r["bytes_total"] / none[r["seed"]]["bytes_total"] for r in group if none[r["seed"]]["bytes_total"]
         ]
@@ -195,6 +188,10 @@ def claims(settings: ClappingSettings, rows: list[dict[str, Any]]) -> list[dict[
     return out
 
 
+def _pm(mean: float, std: float | None) -> str:
+    return f"{mean:.4f}" + ("" if std is None else f" ± {std:.4f}")
+
+
 def build_report(
     settings: ClappingSettings,
     runs: list[dict[str, Any]],
@@ -281,7 +278,7 @@ def markdown(report: dict[str, Any]) -> str:
             ratio = "-" if r["compression_ratio"] is None else f"{r['compression_ratio']:.3f}"
             p_holm = "-" if r["p_holm"] is None else f"{r['p_holm']:.3f}"
             lines.append(
-                f"| {r['method']} | {r['compressor']} | {r['p']:g} | {r['val_loss']:.4f} ± {r['val_loss_std']:.4f} | "
+                f"| {r['method']} | {r['compressor']} | {r['p']:g} | {_pm(r['val_loss'], r['val_loss_std'])} | "
                 f"{_delta(r)} | {p_holm} | {_fmt_bytes(r['bytes_total'])} | {ratio} | "
                 f"{_fmt_bytes(r['bytes_to_target'])} ({r['reached_target']}) | "
                 f"{_fmt_bytes(r['buffer_bytes_max_rank'])} | "

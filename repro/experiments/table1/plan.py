@@ -112,11 +112,10 @@ def make_plan(settings: Table1Settings, arch: str, out: Path) -> ArchPlan:
             f"table1 {arch}: the source ({source.path}, {s_shape.n_layer} layers) must be shallower than "
             f"the target ({target.path}, {t_shape.n_layer} layers)"
         )
-    per_head = (lambda c: c.head_dim) if arch == "mha" else (lambda c: c.qk_nope_head_dim)
-    if per_head(t_shape) != per_head(s_shape):
+    if t_shape.rope_reference_dim != s_shape.rope_reference_dim:  # head_dim (MHA), d_nope (MLA)
         raise ValueError(
-            f"table1 {arch}: source and target are not one family (width per head {per_head(s_shape)} vs "
-            f"{per_head(t_shape)})"
+            f"table1 {arch}: source and target are not one family (width per head {s_shape.rope_reference_dim} vs "
+            f"{t_shape.rope_reference_dim})"
         )
     if target.data != source.data:
         raise ValueError(

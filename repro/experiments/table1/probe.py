@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from repro.alloc.allocation import allocate
-from repro.files import write_json_atomic, write_text_atomic
+from repro.files import table_head, write_report
 from repro.runs import Progress, train_all
-from repro.runs.provenance import git_commit, machine, now
+from repro.runs.provenance import provenance_header
 from repro.stats import ALPHA, paired_comparison, pooled_std, seeds_needed
 
 from .plan import ROW_METHODS, make_plan
@@ -108,30 +108,21 @@ def probe(
                     ),
                 }
             )
-    doc = {
-        "scale": settings.scale,
-        "git_commit": git_commit(),
-        "created": now(),
-        "machine": machine(),
-        "holm_rows": m,
-        "probes": probes,
-    }
-    write_text_atomic(out / "probe.md", probe_markdown(doc))
-    write_json_atomic(out / "probe.json", doc)
+    doc = {"scale": settings.scale, **provenance_header(), "holm_rows": m, "probes": probes}
+    write_report(out, "probe", doc, probe_markdown(doc))
     return doc
 
 
 def probe_markdown(doc: dict[str, Any]) -> str:
-    lines = [
-        f"Noise probe, scale {doc['scale']}, commit {doc['git_commit'][:7]}: each row against uniform, paired "
-        f"by seed; seeds needed at 80 % power for a paired t-test at alpha and at alpha / {doc['holm_rows']} "
-        f"(Holm's strictest step).",
-        "",
-    ]
     others = sorted({m for p in doc["probes"] for m in p["rows"]})
     head = ["arch", "steps", "uniform val loss"] + [f"{m} vs uniform (sd of diffs, p)" for m in others]
     head += [f"seeds for {t:g} (alpha; /m)" for t in TARGETS] + ["s per run"]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    title = (
+        f"Noise probe, scale {doc['scale']}, commit {doc['git_commit'][:7]}: each row against uniform, paired "
+        f"by seed; seeds needed at 80 % power for a paired t-test at alpha and at alpha / {doc['holm_rows']} "
+        f"(Holm's strictest step)."
+    )
+    lines = table_head(title, head)
     for p in doc["probes"]:
         cells = [
             p["arch"].upper(),

@@ -16,15 +16,11 @@ from repro.alloc.analysis import calibration, predicted_gain, seed_stability, sp
 from repro.alloc.budget import num_high_layers
 from repro.runs import RunResult
 from repro.runs.provenance import display_path, git_commit, machine, now
-from repro.stats import PairedComparison, paired_comparison, power_figures, with_holm
+from repro.stats import PairedComparison, mean_std, paired_comparison, power_figures, with_holm
 
 from .plan import ROW_METHODS, widths_name
 from .results import ArchOutcome
 from .settings import Table1Settings
-
-
-def _mean_std(values: list[float]) -> tuple[float, float | None]:
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
 
 
 def _accounting(o: ArchOutcome, widths: list[int]) -> dict[str, Any]:
@@ -69,7 +65,7 @@ def arch_columns(
     """The columns of one architecture for one method (random-k: every draw)."""
     allocs = [a for a in o.allocations if a.method == method]
     losses = [o.run(a.widths, seed).final_val_loss for a in allocs for seed in seeds]
-    mean, std = _mean_std(losses)
+    mean, std = mean_std(losses)
     cost = _accounting(o, allocs[0].widths)
     p = o.plan.arch
     c = vs_uniform
@@ -143,7 +139,7 @@ def storage_points(o: ArchOutcome, settings: Table1Settings) -> list[dict[str, A
             {s for s in settings.seeds + settings.sweep_seeds if widths_name(a.widths, s) in o.runs}
         )
         losses = [o.run(a.widths, s).final_val_loss for s in seeds]
-        mean, std = _mean_std(losses)
+        mean, std = mean_std(losses)
         total = _accounting(o, a.widths)
         out[key] = {
             "widths": list(a.widths),
