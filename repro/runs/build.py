@@ -28,6 +28,7 @@ from repro.lit.cli import VERBOSE_ENV, ConfigError, ReproCLI, one_line
 from repro.lit.gpt_module import GPTLightningModule
 from repro.lit.hf_module import HFCausalLMModule
 from repro.pipeline.lightning import ClappingStrategy
+from repro.pipeline.lightning.seams import ReportsPipeline
 from repro.stopping import STOP
 
 from .model_config import load_model_config
@@ -84,12 +85,12 @@ class RunRecorder(L.Callback):
                 self.bytes.append(float(sent))
 
     def on_train_end(self, trainer, pl_module) -> None:
-        flush = getattr(trainer.strategy, "flush_statistics", None)
-        if callable(flush):  # a pipeline reduces its statistics only when they are read
-            flush()
+        pipeline = trainer.strategy if isinstance(trainer.strategy, ReportsPipeline) else None
+        if pipeline is not None:  # a pipeline reduces its statistics only when they are read
+            pipeline.flush_statistics()
         if self.spec.save_checkpoint:
             trainer.save_checkpoint(checkpoint_path(self.spec))  # a collective on pipeline runs
-        summary = getattr(trainer.strategy, "run_summary", None)
+        summary = pipeline.run_summary if pipeline is not None else None
         record = {
             "val_curve": self.curve,
             "val_bytes": self.bytes or None,

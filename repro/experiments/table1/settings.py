@@ -16,14 +16,14 @@ from typing import Any, Literal
 from repro.alloc.allocation import BUDGET_MATCHED
 from repro.runs.settings import ConfigPath, load_settings, shipped_settings
 
-SCALES = ("smoke", "cpu", "gpu", "paper")
+SCALES = ("smoke", "cpu-quick", "cpu", "gpu", "paper")
 ARCHITECTURES = ("mha", "mla")
 SWEEP_METHODS = ("profiled", "uniform", "first-k", "last-k", "spaced-k")
 
 
 @dataclass(frozen=True)
 class Table1Settings:
-    scale: Literal["smoke", "cpu", "gpu", "paper"]  # the name written into the results
+    scale: Literal["smoke", "cpu-quick", "cpu", "gpu", "paper"]  # the name written into the results
     target: dict[str, ConfigPath]  # arch ('mha', 'mla') -> model config of the target (deeper) member
     source: dict[str, ConfigPath]  # arch -> model config of the source (smaller) family member
     steps: int  # optimizer steps of a row run (the full run whose fraction the profiles train)

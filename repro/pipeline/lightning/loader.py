@@ -12,6 +12,7 @@ from repro.data.sampler import LazyBatchSampler
 
 from ..codecs import build_codecs
 from ..sample_buffers import SampleBuffers
+from .seams import HasShuffleSeed
 
 
 def training_loader(strategy, dataloader: object) -> object:
@@ -34,7 +35,7 @@ def training_loader(strategy, dataloader: object) -> object:
         )
     seed = strategy.options.sampler_seed
     if seed is None:
-        seed = getattr(trainer.datamodule, "shuffle_seed", 0) if trainer.datamodule is not None else 0
+        seed = trainer.datamodule.shuffle_seed if isinstance(trainer.datamodule, HasShuffleSeed) else 0
     strategy.sampler = LazyBatchSampler(
         len(dataloader.dataset), batch_size, strategy.options.p, int(seed), strategy.steps_done
     )

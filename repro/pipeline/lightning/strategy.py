@@ -43,6 +43,7 @@ from ..transport import StageLinks
 from . import checkpoint, compat
 from .loader import check_reuse, training_loader
 from .processes import StageProcesses
+from .seams import RecordsEvalLoss
 from .step_report import (
     RunTotals,
     StatWindow,
@@ -312,9 +313,8 @@ class ClappingStrategy(StageProcesses):
         dist.all_reduce(vec)
         loss = (vec[0] / vec[1]).float()
         weight = self.adapter.weight(batch)
-        record = getattr(self.lightning_module, "record_eval_loss", None)
-        if callable(record):
-            record(split_name, loss, weight)
+        if isinstance(self.lightning_module, RecordsEvalLoss):
+            self.lightning_module.record_eval_loss(split_name, loss, weight)
         else:
             self.lightning_module.log(
                 f"{split_name}/loss", loss, on_step=False, on_epoch=True, batch_size=weight
