@@ -16,12 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
+from repro.experiments.table1.table_files import ARCH_TITLE
 from repro.lit.tensorboard_scalars import read_scalars
 from repro.stats import mean_interval
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 from _common import (
-    ARCH_TITLE,
     REFERENCE_POINTS,
     TABLE1_COLORS,
     TEXT_WIDTH_IN,

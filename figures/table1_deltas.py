@@ -7,9 +7,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from repro.experiments.table1.table_files import ARCH_TITLE
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 from _common import (
-    ARCH_TITLE,
     REFERENCE_POINTS,
     TABLE1_COLORS,
     TEXT_WIDTH_IN,

@@ -123,16 +123,21 @@ def _slurm_rank(links: Links, rank: int, work: Path, cache: Path, port: int) -> 
     )
 
 
-def _python_children(pids: list[int]) -> list[int]:
-    """Processes whose parent is one of ``pids`` (from /proc)."""
-    out = []
+def _python_children(pids: list[int]) -> dict[int, str]:
+    """Python processes whose parent is one of ``pids`` (from /proc), with their command lines: what a
+    launcher would start (fork, spawn or popen all run this interpreter), not a short-lived tool such
+    as the ``git rev-parse`` of the run's provenance."""
+    python = os.path.realpath(sys.executable)
+    out = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) in pids and os.path.realpath(stat.parent / "exe") == python:
+                out[int(stat.parent.name)] = (
+                    (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                )
         except OSError:
             continue
-        if int(fields[1]) in pids:
-            out.append(int(stat.parent.name))
     return out
 
 
@@ -141,13 +146,13 @@ def test_four_ranks_started_as_srun_would_train_as_one_machine_with_no_extra_pro
 ):
     with Links(2, rate_mbit=1000) as links:
         procs = [_slurm_rank(links, r, tmp_path, data_cache, 29631) for r in range(4)]
-        extra = set()
+        extra = {}
         while any(p.poll() is None for p in procs):
-            extra |= set(_python_children([p.pid for p in procs]))  # `ip netns exec` execs: none expected
+            extra |= _python_children([p.pid for p in procs])  # `ip netns exec` execs: none expected
             time.sleep(0.5)
         outs = [p.communicate()[0].decode() for p in procs]
     assert all(p.returncode == 0 for p in procs), outs[0][-3000:]
-    assert not extra, f"the ranks started processes of their own: {sorted(extra)}"
+    assert not extra, f"the ranks started processes of their own: {extra}"
     _same(_outcome(tmp_path), one_machine)
 
 

@@ -246,7 +246,8 @@ def test_every_shipped_settings_file_plans_both_halves(path, tmp_path):
 
 
 def test_the_shipped_settings_files_are_found():
-    assert {p.stem for p in SETTINGS_FILES} == {"smoke", "cpu", "gpu", "paper", "paper_gpu_check"}
+    shipped = {"smoke", "cpu-quick", "cpu", "gpu", "gpu_check", "paper", "paper_gpu_check"}
+    assert {p.stem for p in SETTINGS_FILES} == shipped
 
 
 def test_a_gpu_scale_on_a_machine_without_a_gpu_fails_before_any_run(tmp_path, capsys, monkeypatch):
