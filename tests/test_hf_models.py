@@ -6,6 +6,7 @@ from_pretrained, phase-off removes exactly a layer's rotation, and bad inputs ar
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -129,6 +130,75 @@ def test_phase_off_of_a_layer_is_the_forward_with_that_layers_rotation_removed(m
         plain, _ = ours(ids)
     assert torch.allclose(logits, expected, atol=1e-6)
     assert float((plain - expected).abs().max()) > 100 * float((logits - expected).abs().max()) + 1e-6
+
+
+def test_per_head_phase_off_is_the_forward_with_those_heads_rotation_removed(models, monkeypatch):
+    """Key/value head 1 of the GQA Llama (4 query heads on 2 kv heads: query heads 2 and 3 read it)
+    without rotation in every layer, against HF's own forward with its rotation function patched to
+    leave those heads as they are; all kv heads off is the whole layer's phase-off."""
+    import transformers.models.llama.modeling_llama as llama
+
+    ids = torch.randint(0, VOCAB, (2, 20), generator=torch.Generator().manual_seed(5))
+    rotate = llama.apply_rotary_pos_emb
+
+    def partial_rotation(q, k, cos, sin, *args, **kwargs):
+        q_rot, k_rot = (t.clone() for t in rotate(q, k, cos, sin, *args, **kwargs))
+        q_rot[:, 2:4], k_rot[:, 1] = q[:, 2:4], k[:, 1]  # (batch, heads, time, head_dim)
+        return q_rot, k_rot
+
+    with monkeypatch.context() as patch, torch.no_grad():
+        patch.setattr(llama, "apply_rotary_pos_emb", partial_rotation)
+        expected = AutoModelForCausalLM.from_pretrained(str(models["llama"])).eval()(ids).logits
+    ours = HFCausalLM(str(models["llama"]))
+    ours.materialize_all()
+    ours.eval()
+    with torch.no_grad():
+        ours.set_phase_off_heads({i: [1] for i in range(4)})
+        logits, _ = ours(ids)
+        ours.set_phase_off_heads({2: [0, 1]})
+        all_heads, _ = ours(ids)
+        ours.set_phase_off_heads(None)
+        ours.set_rotary({2: 0.0})
+        whole_layer, _ = ours(ids)
+        ours.set_rotary(None)
+        plain, _ = ours(ids)
+    assert torch.allclose(logits, expected, atol=1e-5)
+    assert float((plain - expected).abs().max()) > 100 * float((logits - expected).abs().max()) + 1e-6
+    assert torch.allclose(all_heads, whole_layer, atol=1e-5)
+    for name in ("gpt2", "deepseek_v3"):
+        other = HFCausalLM(str(models[name]))
+        with pytest.raises(HFModelError, match=r"per-head phase-off: not defined for model_type"):
+            other.set_phase_off_heads({0: [0]})
+
+
+def test_repro_profile_phase_off_of_a_pretrained_model_per_layer_and_per_head(models, corpus, tmp_path):
+    import yaml
+
+    from repro.alloc.profile import LayerProfile
+    from repro.cli import main as repro_main
+
+    config = {
+        "model": {"pretrained": str(models["llama"])},
+        "data": {
+            "corpus": "text_files", "text_files": [str(corpus / "*.txt")], "block_size": 16, "batch_size": 4,
+            "max_val_blocks": 4, "val_fraction": 0.2, "cache_dir": str(tmp_path / "cache"),
+        },
+    }  # fmt: skip
+    (tmp_path / "hf.yaml").write_text(yaml.safe_dump(config))
+    out = tmp_path / "profile.json"
+    with pytest.raises(SystemExit) as done:
+        repro_main(
+            ["profile", "phase-off", "--config", str(tmp_path / "hf.yaml"), "--per-head", "--out", str(out)]
+        )
+    assert done.value.code == 0
+    profile = LayerProfile.load(out)
+    assert profile.kind == "phase_off" and len(profile.values) == 4
+    assert [len(row) for row in profile.per_head] == [2, 2, 2, 2]  # 2 key/value heads per layer
+    heads = [v for row in profile.per_head for v in row]
+    assert all(math.isfinite(v) for v in profile.values + heads)
+    assert any(v != 0.0 for v in profile.values) and any(
+        v != 0.0 for v in heads
+    )  # the hooks changed the loss
 
 
 def _dm(corpus, folder, cache):

@@ -79,7 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="validation interval of the reference run (default: steps/5)",
     )
-    po.add_argument("--per-head", action="store_true", help="also measure every query head of every layer")
+    po.add_argument(
+        "--per-head",
+        action="store_true",
+        help="also measure every head of every layer (a pretrained model: every key/value head)",
+    )
     po.add_argument(
         "--rotary-fraction",
         type=float,

@@ -78,7 +78,7 @@ def _runs_dir(args) -> Path:
 
 def _profile(args) -> None:
     if args.profile_kind == "phase-off" and pretrained_config(args.config) is not None:
-        profile = measure_pretrained_profile(args.config, args.rotary_fraction)
+        profile = measure_pretrained_profile(args.config, args.rotary_fraction, per_head=args.per_head)
         profile.save(args.out)
         _print_profile(profile)
         return

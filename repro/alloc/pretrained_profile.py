@@ -1,6 +1,8 @@
 """Rotary profiles of a pretrained Hugging Face model: per layer, the validation-loss increase when
 that layer alone loses its rotary phase (identity rotation: ``rotary_fraction`` 0), or keeps only
-the highest-frequency fraction of its rotary pairs (p-RoPE order). The profile JSON is the suite's
+the highest-frequency fraction of its rotary pairs (p-RoPE order); with ``per_head``, also per
+key/value head (with grouped-query attention a query head's keys are shared, so the unit is a
+key/value head and the query heads that read it; Llama, Mistral, Qwen2/3). The profile JSON is the suite's
 own (kind ``phase_off``), so ``repro allocate`` and ``repro analyze`` read it.
 
 The config is a ``repro fit`` YAML with ``model: {pretrained: <folder>, attention: ...}`` and a
@@ -48,25 +50,38 @@ def _mean_loss(model: HFCausalLM, batches: list[dict[str, torch.Tensor]]) -> flo
 
 
 def rotary_values(
-    model: HFCausalLM, batches: list[dict[str, torch.Tensor]], fraction: float
+    model: HFCausalLM, batches: list[dict[str, torch.Tensor]], fraction: float, per_head: bool = False
 ) -> dict[str, Any]:
-    """The loss increase of each layer with only ``fraction`` of its rotary pairs rotating."""
+    """The loss increase of each layer with only ``fraction`` of its rotary pairs rotating, and
+    with ``per_head`` of each key/value head of each layer without rotary phase."""
     model.eval()
     model.set_rotary(None)
     ref = _mean_loss(model, batches)
-    values = []
+    values, heads = [], []
     for layer in range(model.n_layer):
         model.set_rotary({layer: fraction})
         values.append(_mean_loss(model, batches) - ref)
-    model.set_rotary(None)
-    return {"values": values, "loss_ref": ref}
+        model.set_rotary(None)
+        if per_head:
+            row = []
+            for head in range(model.kv_heads):
+                model.set_phase_off_heads({layer: [head]})
+                row.append(_mean_loss(model, batches) - ref)
+            model.set_phase_off_heads(None)
+            heads.append(row)
+    return {"values": values, "per_head": heads if per_head else None, "loss_ref": ref}
 
 
 def measure_pretrained_profile(
-    config_path: str | os.PathLike, fraction: float = 0.0, cache_dir: str | None = None
+    config_path: str | os.PathLike,
+    fraction: float = 0.0,
+    cache_dir: str | None = None,
+    per_head: bool = False,
 ) -> LayerProfile:
     if not 0.0 <= fraction < 1.0:
         raise ValueError(f"--rotary-fraction={fraction!r}: must be in [0, 1) (0: no rotary phase)")
+    if per_head and fraction != 0.0:
+        raise ValueError("--per-head measures phase-off (no rotary phase): give it without --rotary-fraction")
     doc = pretrained_config(config_path)
     if doc is None:
         raise ValueError(f"config file {str(config_path)!r} names no model.pretrained")
@@ -85,11 +100,14 @@ def measure_pretrained_profile(
     datamodule = TextDataModule(**data)
     datamodule.setup("validate")
     batches = list(datamodule.val_dataloader())
-    measured = rotary_values(model, batches, fraction)
+    if per_head:
+        model.set_phase_off_heads({0: [0]})  # fails here, in one line, for a model without per-head rotations
+        model.set_phase_off_heads(None)
+    measured = rotary_values(model, batches, fraction, per_head)
     return LayerProfile(
         kind="phase_off",
         values=measured["values"],
-        per_head=None,
+        per_head=measured["per_head"],
         model={
             "pretrained": str(model.folder),
             "model_type": model.config.model_type,
@@ -102,6 +120,7 @@ def measure_pretrained_profile(
             if fraction == 0.0
             else f"keep the highest {fraction:g} of the rotary pairs",
             "rotary_fraction": fraction,
+            "per_head": "key/value heads (each with the query heads that read it)" if per_head else None,
             "loss_ref": measured["loss_ref"],
             "eval_tokens": sum(int((b["targets"] != -100).sum()) for b in batches),
         },

@@ -9,7 +9,8 @@ The model runs as an ordered list of parts, the same list the pipeline cuts:
     (under ``sdpa`` no mask means causal; under ``eager`` it would mean bidirectional);
   - ``head``: final norm and the output head.
 A layer's rotary phase can be removed (identity rotation: cos 1, sin 0) or kept for only its
-highest-frequency pairs (``rotary``), the interventions of the RoPE profiles.
+highest-frequency pairs (``rotary``), or removed in some key/value heads only
+(``set_phase_off_heads``), the interventions of the RoPE profiles.
 
 Families: the Llama family (``llama``, ``mistral``, ``qwen2``, ``qwen3``, and DeepSeek's MLA in
 ``deepseek_v3``: ``model.embed_tokens``, ``model.layers``, ``model.norm``, ``model.rotary_emb``,
@@ -26,6 +27,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from .hf_rotary import PER_HEAD_PHASE_OFF, keep_rotary_pairs, unrotate_heads
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "deepseek_v3")
 SUPPORTED = (*LLAMA_FAMILY, "gpt2")
@@ -146,6 +149,7 @@ class Layer(nn.Module):
         self.layer, self.family, self.attention = layer, family, attention
         self.rotary_emb = rotary_emb  # shared by every layer (a buffer only: its inverse frequencies)
         self.rotary = 1.0
+        self.phase_off_heads: tuple[int, ...] = ()  # key/value heads whose rotary phase is removed
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         length = h.shape[1]
@@ -156,18 +160,18 @@ class Layer(nn.Module):
         cos, sin = self.rotary_emb(h, position_ids)
         if self.rotary != 1.0:
             cos, sin = keep_rotary_pairs(cos, sin, self.rotary)
-        return self.layer(h, attention_mask=mask, position_ids=position_ids, position_embeddings=(cos, sin))
-
-
-def keep_rotary_pairs(
-    cos: torch.Tensor, sin: torch.Tensor, fraction: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin (..., d) in transformers' layout (frequency i at i and i + d/2, highest first) with
-    only the first ``round(fraction * d/2)`` frequencies rotating; the others get cos 1, sin 0."""
-    half = cos.shape[-1] // 2
-    keep = round(fraction * half)
-    rotating = (torch.arange(half, device=cos.device) < keep).repeat(2)
-    return torch.where(rotating, cos, torch.ones_like(cos)), torch.where(rotating, sin, torch.zeros_like(sin))
+        hooks = (
+            unrotate_heads(self.layer.self_attn, self.phase_off_heads, cos, sin)
+            if self.phase_off_heads
+            else []
+        )
+        try:
+            return self.layer(
+                h, attention_mask=mask, position_ids=position_ids, position_embeddings=(cos, sin)
+            )
+        finally:
+            for hook in hooks:
+                hook.remove()
 
 
 class Head(nn.Module):
@@ -324,6 +328,26 @@ class HFCausalLM(nn.Module):
         None: every layer as trained."""
         for i, layer in enumerate(self.layers):
             layer.rotary = 1.0 if not fractions or i not in fractions else float(fractions[i])
+
+    def set_phase_off_heads(self, heads: dict[int, list[int]] | None) -> None:
+        """Layer i attends without rotary phase in key/value heads ``heads[i]`` (and the query heads
+        that read them: with grouped-query attention a query head cannot lose its phase alone, its
+        keys are shared); None: every head as trained. Llama family with per-head rotations only
+        (MLA's rotary key is one head shared by all query heads; GPT-2 has no rotary phase)."""
+        if heads and (self.family == "gpt2" or self.config.model_type not in PER_HEAD_PHASE_OFF):
+            raise HFModelError(
+                f"per-head phase-off: not defined for model_type {self.config.model_type!r} "
+                f"(supported: {PER_HEAD_PHASE_OFF})"
+            )
+        for i, layer in enumerate(self.layers):
+            chosen = tuple(sorted((heads or {}).get(i, ())))
+            if any(not 0 <= h < self.kv_heads for h in chosen):
+                raise HFModelError(f"per-head phase-off: layer {i} heads {chosen}: there are {self.kv_heads}")
+            layer.phase_off_heads = chosen
+
+    @property
+    def kv_heads(self) -> int:
+        return int(getattr(self.config, "num_key_value_heads", None) or self.config.num_attention_heads)
 
     @property
     def vocab_size(self) -> int:
