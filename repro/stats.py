@@ -26,6 +26,7 @@ from scipy import stats as sp
 
 ALPHA = 0.05  # significance level of the tests (two-sided) and of Holm's correction
 CONFIDENCE = 0.95  # level of the confidence intervals
+CI_LABEL = f"{CONFIDENCE * 100:g}% CI"  # how the tables head their interval columns
 POWER = 0.8  # power of the detectable-difference and seeds-needed figures
 RANK_TESTS_FROM = 6  # seeds from which the exact Wilcoxon and sign tests are added
 

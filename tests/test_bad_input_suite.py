@@ -255,6 +255,16 @@ CASES = [
         r"--accelerator cpu",
     ),
     (
+        "table1: --scale and --settings",
+        "table1 --scale smoke --settings {bad_table1_yaml}",
+        r"give --scale or --settings, not both",
+    ),
+    (
+        "clapping: --scale and --settings",
+        "clapping --scale smoke --settings {bad_clapping_yaml}",
+        r"give --scale or --settings, not both",
+    ),
+    (
         "bench: bad settings",
         "bench --settings {bad_bench_yaml} --out {outdir}",
         r"repeats=-1: must be a positive integer",

@@ -98,6 +98,16 @@ def test_default_precision_follows_the_accelerator():
         assert default_precision("auto") == "32-true"
 
 
+def test_a_gpu_without_bf16_gets_fp32_which_the_pipeline_strategy_accepts(monkeypatch):
+    from repro.lit.precision import default_precision
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert default_precision("gpu") == "32-true"  # not 16-mixed, which ClappingStrategy refuses
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert default_precision("gpu") == "bf16-mixed"
+
+
 def test_unknown_command_lists_every_command(tmp_path):
     out = run_repro(["nonsense"], tmp_path)
     assert out.returncode == 2

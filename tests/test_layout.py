@@ -31,6 +31,8 @@ LAYERS = [
         "repro.arguments",
         "repro.stopping",
         "repro.network",
+        "repro.cores",
+        "repro.config_errors",
     },
     {"repro.models"},
     {"repro.data", "repro.pipeline"},

@@ -8,6 +8,8 @@ from pathlib import Path
 from repro.arguments import Parser
 from repro.runs.scale_args import add_scale_args
 
+from .coverage_profile import EARLY_FRACTION, EVALUATIONS, LAST_N, SEEDS
+
 
 def _levels_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
@@ -111,8 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     cov.add_argument(
         "--early-fraction",
         type=float,
-        default=0.15,
-        help="T_early as a fraction of the full run (default 0.15)",
+        default=EARLY_FRACTION,
+        help=f"T_early as a fraction of the full run (default {EARLY_FRACTION:g})",
     )
     cov.add_argument(
         "--full-steps",
@@ -127,12 +129,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="full-run: the runs follow the full run's lr schedule, stopped early; "
         "early-run: the schedule is compressed into T_early steps",
     )
-    cov.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="S_profile seeds (default: 0 1)")
     cov.add_argument(
-        "--eval-every", type=int, default=None, help="validation interval in steps (default: T_early/6)"
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=list(SEEDS),
+        help=f"S_profile seeds (default: {' '.join(map(str, SEEDS))})",
     )
     cov.add_argument(
-        "--last-n", type=int, default=3, help="a run's loss is the mean of its last n evaluations (default 3)"
+        "--eval-every",
+        type=int,
+        default=None,
+        help=f"validation interval in steps (default: T_early/{EVALUATIONS})",
+    )
+    cov.add_argument(
+        "--last-n",
+        type=int,
+        default=LAST_N,
+        help=f"a run's loss is the mean of its last n evaluations (default {LAST_N})",
     )
     cov.add_argument(
         "--group-size",

@@ -15,8 +15,8 @@ from typing import Any
 
 from repro.files import read_json, write_json_atomic
 from repro.models.config import GPTConfig
-from repro.runs.budget import planned_runs, print_plan
 from repro.runs.build import VERBOSE_ENV, quiet_lightning
+from repro.runs.compute_plan import planned_runs, print_plan
 from repro.runs.interrupts import interrupted_line
 from repro.runs.model_config import load_model_config, write_model_config
 from repro.runs.shards import Shard
@@ -33,7 +33,14 @@ from .analysis import (
 )
 from .budget import default_levels, levels_for, num_high_layers
 from .command_arguments import build_parser
-from .coverage_profile import CoverageProfileSettings, coverage_benefit_profile, pair_benefits, profile_specs
+from .coverage_profile import (
+    CoverageProfileSettings,
+    coverage_benefit_profile,
+    early_eval_every,
+    early_steps,
+    pair_benefits,
+    profile_specs,
+)
 from .fidelity import coverage_fidelity, format_fidelity, phase_off_fidelity
 from .phase_off_profile import measure_phase_off_profile, reference_spec, train_reference
 from .pretrained_profile import measure_pretrained_profile, pretrained_config
@@ -110,13 +117,11 @@ def _profile(args) -> None:
         if steps is None:
             if full <= 0:
                 raise ValueError("give --steps, or --full-steps, or a config with trainer.max_steps")
-            if not 0.0 < args.early_fraction <= 1.0:
-                raise ValueError(f"--early-fraction={args.early_fraction}: must be in (0, 1]")
-            steps = max(1, round(args.early_fraction * full))
+            steps = early_steps(full, args.early_fraction, "--early-fraction")
         settings = CoverageProfileSettings(
             steps=steps,
             seeds=tuple(args.seeds),
-            eval_every=args.eval_every or max(1, steps // 6),
+            eval_every=args.eval_every or early_eval_every(steps),
             last_n=args.last_n,
             group_size=args.group_size,
             group_spread=args.group_spread,
@@ -140,9 +145,9 @@ def _profile(args) -> None:
             workers=args.workers,
             shard=Shard.parse(args.shard),
             runs_per_gpu=args.runs_per_gpu or 1,
+            writes=str(args.out),
         )
-        if profile is None:
-            print(f"shard done; the last shard to finish writes {args.out}")
+        if profile is None:  # the line saying so is printed: the last shard to finish writes args.out
             return
         profile.meta["command_wall_s"] = time.perf_counter() - started
         profile.save(args.out)

@@ -19,18 +19,36 @@ from typing import Literal
 
 from repro.runs import Progress, RunResult, RunSpec, train_all
 from repro.runs.model_config import ModelConfig
-from repro.runs.shards import Shard, finished_results
+from repro.runs.shards import Shard, gather
 
 from .budget import BudgetLevels, level_to_width
 from .profile import LayerProfile
+
+EARLY_FRACTION = 0.15  # T_early as a fraction of the full run, by default (the spec's early part)
+EVALUATIONS = 6  # evaluations of a profile run, by default: eval_every = T_early // this
+SEEDS = (0, 1)  # S_profile seeds, by default
+LAST_N = 3  # a profile run's loss = the mean of its last n evaluations, by default
+
+
+def early_steps(full_steps: int, fraction: float = EARLY_FRACTION, name: str = "early fraction") -> int:
+    """T_early: the first ``fraction`` of a run of ``full_steps`` steps (at least one step); a
+    fraction outside (0, 1] fails naming it as ``name``."""
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"{name}={fraction!r}: must be in (0, 1]")
+    return max(1, round(fraction * full_steps))
+
+
+def early_eval_every(steps: int, evaluations: int = EVALUATIONS) -> int:
+    """The validation interval that gives a profile run of ``steps`` steps ``evaluations`` evaluations."""
+    return max(1, steps // evaluations)
 
 
 @dataclass(frozen=True)
 class CoverageProfileSettings:
     steps: int  # T_early: optimizer steps of every run
-    seeds: tuple[int, ...] = (0, 1)  # S_profile seeds; each seed = one init and one data order
+    seeds: tuple[int, ...] = SEEDS  # S_profile seeds; each seed = one init and one data order
     eval_every: int = 10  # evaluate the validation loss every this many steps
-    last_n: int = 3  # loss of a run = mean of its last n evaluations
+    last_n: int = LAST_N  # loss of a run = mean of its last n evaluations
     group_size: int = 1  # g: upgrade contiguous groups of g layers (1 = one run per layer)
     group_spread: Literal["divide", "copy"] = "divide"  # how a group's benefit is spread over its layers
     schedule_steps: int | None = None  # lr schedule length (the full run's steps); None = T_early
@@ -196,6 +214,7 @@ def coverage_benefit_profile(
     quiet: bool = False,
     shard: Shard | None = None,
     runs_per_gpu: int = 1,
+    writes: str = "the profile",
 ) -> LayerProfile | None:
     """Measure the coverage-benefit profile of the config's model (L + 1 runs per seed, or fewer
     with groups). With ``shard``, train that shard's runs; the profile comes back (and is written
@@ -205,12 +224,10 @@ def coverage_benefit_profile(
     specs = profile_specs(config, levels, settings, folder)
     mine = shard.select(specs) if shard else specs
     progress = Progress("coverage", len(mine), sum(s.steps for s in mine), workers, quiet=quiet)
-    results = train_all(mine, accelerator, workers, cache_dir, progress, runs_per_gpu)
-    if shard:
-        results, missing = finished_results(specs)
-        if missing:
-            progress.note(f"shard {shard} done; {len(missing)} runs of other shards are not finished")
-            return None
+    trained = train_all(mine, accelerator, workers, cache_dir, progress, runs_per_gpu)
+    results = gather(specs, trained, shard, progress.note, writes=writes)
+    if results is None:
+        return None
     profile = profile_from_results(
         config, levels, settings, {s.name: results[s.key] for s in specs}, folder, datamodule.vocab_size
     )

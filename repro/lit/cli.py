@@ -3,7 +3,7 @@ and by the run engine (``repro.runs``), so a config trains the same way under bo
 
 The model's ``vocab_size`` is linked from the datamodule's trained tokenizer and its
 ``block_size`` from the data's block size, so a config names each only once. When
-``trainer.precision`` is not set, it is ``bf16-mixed`` on a GPU and ``32-true`` on a CPU. The
+``trainer.precision`` is not set, it is :func:`repro.lit.precision.default_precision`'s. The
 model config is validated before any class is built, and a ``ckpt_path`` must be a readable
 checkpoint of the configured model; both fail with :class:`ConfigError` (one line, naming the
 field or the file).
@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 
 import torch
 from lightning.pytorch.cli import LightningCLI
 
+from repro.config_errors import one_line
 from repro.data import TextDataModule
 from repro.data.datamodule import ExistingPath
 from repro.models import GPTConfig
@@ -32,45 +32,6 @@ from .precision import default_precision
 
 SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
 VERBOSE_ENV = "REPRO_VERBOSE"  # set (to 1) by a command's -v: Lightning's own lines are shown
-
-
-def one_line(exc: Exception) -> str:
-    """An error of jsonargparse or of a class it built, as one line: the (nested) key, the value
-    given and the first reason (a union's ``Expected a NoneType`` alternative is not a reason)."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    if not lines:
-        return type(exc).__name__
-    keys = re.findall(r'Parser key "([^"]+)"', " ".join(lines))
-    key = ".".join(k for i, k in enumerate(keys) if i == 0 or not k.startswith(keys[0])) if keys else None
-    inner = max((i for i, line in enumerate(lines) if line.startswith("Parser key")), default=0)
-    given = next(
-        (line.split(":", 1)[1].strip() for line in lines[inner:] if line.startswith("Given value:")), None
-    )
-    skip = (
-        "Parser key",
-        "Given value",
-        "Subtypes",
-        "Errors:",
-        "Does not validate",
-        "- Expected a <class 'NoneType'>",
-        "- Problem with given class_path",
-        "Problem with given class_path",
-    )
-    reasons = [line.lstrip("- ") for line in lines[inner:] if not line.startswith(skip)]
-    reasons = reasons or [line.lstrip("- ") for line in lines if not line.startswith(skip)]
-    specific = [r for r in reasons if not r.startswith("Expected a <class")]  # the alternatives of a union
-    reason = (specific or reasons or lines)[0]
-    reason = re.sub(r"Expected a <class '(\w+)'>", r"expected \1", reason)
-    missing = re.search(
-        r"Not of type Path_\w+: (Directory|File|Path) does not exist: '([^']*)'", " ".join(lines)
-    )
-    if missing:  # a path (relative to the config file that names it) that is not there
-        kind = {"Directory": "folder", "File": "file"}.get(missing.group(1), "file or folder")
-        hint = "; make it with `repro data prepare SOURCE --out DIR`" if key == "data.prepared_dir" else ""
-        return f"{key}: no such {kind} {os.path.normpath(missing.group(2))!r}{hint}"
-    if key and not reason.startswith(key):
-        return f"{key}={given}: {reason}" if given and len(keys) > 1 else f"{key}: {reason}"
-    return reason
 
 
 class ConfigError(ValueError):

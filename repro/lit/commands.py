@@ -15,11 +15,12 @@ import yaml
 from jsonargparse import ArgumentError
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from repro.config_errors import one_line
 from repro.paths import missing_file_message
 from repro.pipeline.lightning import register_strategies
 from repro.stopping import STOP, Stopped
 
-from .cli import ConfigError, ReproCLI, one_line
+from .cli import ConfigError, ReproCLI
 from .gpt_module import GPTLightningModule
 from .hf_module import HFCausalLMModule
 

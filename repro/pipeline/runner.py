@@ -15,10 +15,12 @@ from typing import Any
 import torch
 
 from .codecs import ChannelCodec, MessageContext
-from .compressors import Payload
+from .compressors import Identity, Payload
 from .schedule import Action, forward_schedule
 from .stage_parts import StageSplit
 from .transport import StageLinks
+
+EXACT = Identity()  # the exact message (method none, and every evaluation): its bytes and its layout
 
 
 class NonFiniteError(FloatingPointError):
@@ -136,14 +138,13 @@ class StageRunner:
     def _send(self, x: torch.Tensor, m: int, direction: str, dst: int, codec, ctx, stats) -> None:
         x = x.detach()
         if codec is None:  # evaluation: exact messages
-            payload_data = x.contiguous().reshape(-1).view(torch.uint8)
-            self.links.send(payload_data, dst, direction, 2 * m)
+            self.links.send(EXACT.compress(x).data, dst, direction, 2 * m)
             return
         payload, x_hat = codec.encode(x, m, ctx)
         self.links.send(payload.data, dst, direction, 2 * m)
         if stats is not None:
             stats.payload_bytes += payload.nbytes
-            stats.raw_bytes += x.numel() * x.element_size()
+            stats.raw_bytes += EXACT.payload_nbytes(tuple(x.shape), x.dtype)
             if codec.mode(m, ctx) != "full":  # a full message is exact: its error is 0
                 # kept on the device: one host sync per step (in the strategy's reduction), not per message
                 rel = torch.linalg.vector_norm(x_hat.float() - x.float()) / torch.linalg.vector_norm(
@@ -240,9 +241,9 @@ class StageRunner:
                 x = self.input_fn(mb)
             else:
                 shape, dtype = self._input_shape(sig, m)
-                nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+                nbytes = EXACT.payload_nbytes(shape, dtype)
                 data = links.recv(nbytes, self.stage - 1, "fwd", 2 * m, f"activation {m}").wait()
-                x = data.view(dtype).view(shape)
+                x = EXACT.decompress(data, shape, dtype)
             y = split.forward(x)
             if split.is_last:
                 n = _batch_size(mb)

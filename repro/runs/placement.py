@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from repro.cores import threads_per_process
+
 ACCELERATORS = ("cpu", "gpu")
 
 
@@ -52,10 +54,10 @@ def single_run_slots(
             raise ValueError(f"{name}={value!r}: must be a positive integer")
     cores = cores or os.cpu_count() or 1
     if accelerator == "cpu":
-        return [Slot("cpu", (), max(1, cores // workers)) for _ in range(workers)]
+        return [Slot("cpu", (), threads_per_process(workers, cores)) for _ in range(workers)]
     gpus = torch.cuda.device_count() if gpus is None else gpus
     n = gpus * runs_per_gpu
-    return [Slot("gpu", (i % gpus,), max(1, cores // n)) for i in range(n)]
+    return [Slot("gpu", (i % gpus,), threads_per_process(n, cores)) for i in range(n)]
 
 
 def pipeline_slots(
@@ -70,10 +72,10 @@ def pipeline_slots(
         raise ValueError(f"stages={stages!r}: must be a positive integer")
     cores = cores or os.cpu_count() or 1
     if accelerator == "cpu":
-        return [Slot("cpu", (), max(1, cores // stages))], "gloo"
+        return [Slot("cpu", (), threads_per_process(stages, cores))], "gloo"
     gpus = torch.cuda.device_count() if gpus is None else gpus
     if gpus >= stages:
         runs = gpus // stages
-        threads = max(1, cores // (runs * stages))
+        threads = threads_per_process(runs * stages, cores)
         return [Slot("gpu", tuple(range(r * stages, (r + 1) * stages)), threads) for r in range(runs)], "nccl"
-    return [Slot("gpu", tuple(i % gpus for i in range(stages)), max(1, cores // stages))], "gloo"
+    return [Slot("gpu", tuple(i % gpus for i in range(stages)), threads_per_process(stages, cores))], "gloo"

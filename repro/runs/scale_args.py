@@ -1,10 +1,39 @@
-"""The command-line options every experiment shares for running at scale: ``--shard``,
-``--plan``, ``--step-time`` and ``--runs-per-gpu`` (one wording for table1, clapping and the
-coverage profile)."""
+"""The command-line options every experiment shares: which settings (``--scale`` or
+``--settings``, one rule for table1 and clapping) and running at scale (``--shard``, ``--plan``,
+``--step-time`` and ``--runs-per-gpu``, one wording for table1, clapping and the coverage profile)."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+DEFAULT_SCALE = "cpu"  # the scale an experiment runs without --scale or --settings
+
+
+def add_settings_args(parser: argparse.ArgumentParser, experiment: str, scales: Sequence[str]) -> None:
+    parser.add_argument(
+        "--scale",
+        default=None,
+        choices=scales,
+        help=f"which shipped settings: paper_configs/experiments/{experiment}/<scale>.yaml (default {DEFAULT_SCALE})",
+    )
+    parser.add_argument(
+        "--settings",
+        type=Path,
+        default=None,
+        help="a settings YAML instead of a shipped scale (not with --scale)",
+    )
+
+
+def settings_file(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, shipped: Callable[[str], Path]
+) -> Path:
+    """The settings file the arguments name: ``--settings``, or the shipped file of ``--scale``
+    (default :data:`DEFAULT_SCALE`); both at once is a usage error (a settings file names its scale)."""
+    if args.scale and args.settings:
+        parser.error("give --scale or --settings, not both (a settings file names its own scale)")
+    return args.settings or shipped(args.scale or DEFAULT_SCALE)
 
 
 def add_scale_args(parser: argparse.ArgumentParser, step_time_of: str, what: str = "the result") -> None:

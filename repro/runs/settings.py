@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from pathlib import Path
 from typing import Any, TypeVar
 
 from jsonargparse import ArgumentParser
 from jsonargparse.typing import Path_fr
 
+from repro.config_errors import settings_one_line
 from repro.dataclass_docs import fields_help
 from repro.paths import EXPERIMENTS_DIR, missing_file_message
 
@@ -59,7 +59,7 @@ def load_settings(cls: type[S], path: str | os.PathLike, what: str, **overrides:
             parser.parse_args(["--settings", str(path)])
         )  # nested dataclasses built
     except Exception as exc:  # jsonargparse raises ArgumentError (and TypeError for some values)
-        raise ValueError(f"{what} {str(path)!r}: {_one_line(exc, cls)}") from None
+        raise ValueError(f"{what} {str(path)!r}: {settings_one_line(exc, cls)}") from None
     values = {
         f.name: _plain(namespace.get(f.name))
         for f in dataclasses.fields(cls)
@@ -86,26 +86,3 @@ def _plain(value: Any) -> Any:
     if dataclasses.is_dataclass(value):
         return value
     return value
-
-
-def _one_line(exc: Exception, cls: type) -> str:
-    """jsonargparse's message as one line naming the field, the value and what is allowed."""
-    text = re.sub(r"\s+", " ", " ".join(line.strip() for line in str(exc).splitlines() if line.strip()))
-    allowed = [f.name for f in dataclasses.fields(cls) if f.init and f.name != "path"]
-    unknown = re.findall(r"Option '([^']+)' is not accepted", text) or re.findall(
-        r"[Uu]nrecognized arguments?: (\S+)", text
-    )
-    if unknown:
-        return f"unknown fields {unknown}; allowed {allowed}"
-    key = re.search(r'Parser key "([^"]+)"', text)
-    field = key.group(1) if key else "settings"
-    literal = re.search(r"Expected a typing\.Literal\[(.*?)\]\. Got value: (.*)$", text)
-    if literal:
-        return f"{field}={literal.group(2).strip()!r}: allowed {literal.group(1)}"
-    missing = re.search(r"File does not exist: '([^']*)'", text)
-    if missing:
-        return f"{field}: no such file {missing.group(1)!r}"
-    typed = re.search(r"Expected a <class '(\w+)'>\. Got value: (.*?)(?: Given value type.*)?$", text)
-    if typed:
-        return f"{field}: {typed.group(2).strip()!r} is not a valid {typed.group(1)}"
-    return text.replace('Parser key "', "field '").replace('":', "':")

@@ -106,3 +106,30 @@ def wait_for(
                 f"were not started): {', '.join(s.display for s in missing[:5])}"
             )
         time.sleep(poll_s)
+
+
+def gather(
+    specs: Sequence[RunSpec],
+    trained: dict[str, RunResult],
+    shard: Shard | None,
+    note: Callable[[str], None],
+    *,
+    wait: bool = False,
+    writes: str = "the table",
+) -> dict[str, RunResult] | None:
+    """Every result of ``specs`` once this process has trained its part (``trained``): without
+    ``shard``, what it trained (all of them); with one, ``wait`` for the other shards (their runs
+    come next), or, when some are not finished, a line saying the last shard to finish writes
+    ``writes`` and None (this shard is done)."""
+    if shard is None:
+        return trained
+    if wait:
+        return wait_for(specs, note)
+    found, missing = finished_results(specs)
+    if missing:
+        note(
+            f"shard {shard} done; {len(missing)} runs of other shards are not finished: the last shard "
+            f"to finish writes {writes}"
+        )
+        return None
+    return found

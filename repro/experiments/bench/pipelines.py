@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from lightning.fabric.plugins.environments.lightning import find_free_network_port
 
+from repro.cores import threads_per_process
 from repro.files import write_json_atomic
 from repro.lit import GPTLightningModule
 from repro.models import GPTConfig
@@ -31,10 +32,6 @@ from repro.runs.build import make_trainer
 from .settings import BenchSettings, NetworkRun
 from .single_process import lightning_times
 from .workload import OPTIM, loader, peak_rss_bytes
-
-
-def threads_per_process(k: int) -> int:
-    return max(1, (os.cpu_count() or 1) // k)
 
 
 def _read_ranks(folder: Path, k: int) -> list[dict[str, Any]]:

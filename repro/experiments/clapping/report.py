@@ -19,7 +19,7 @@ from typing import Any
 
 from repro.files import write_json_atomic, write_text_atomic
 from repro.runs.provenance import git_commit, machine, now
-from repro.stats import ALPHA, mean_std, paired_comparison, power_figures, with_holm
+from repro.stats import ALPHA, CI_LABEL, mean_std, paired_comparison, power_figures, with_holm
 
 from .settings import ClappingSettings
 
@@ -269,7 +269,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [
             f"### Regime `{regime}` ({grid['steps']} steps, N = {report['dataset_sizes'][regime]} training samples)",
             "",
-            "| method | compressor | p | val loss | Δ vs none [95% CI] | p (Holm) | total bytes | ratio vs none "
+            f"| method | compressor | p | val loss | Δ vs none [{CI_LABEL}] | p (Holm) | total bytes | ratio vs none "
             "| bytes to target | buffer / rank (max) | train wall (s) "
             f"| link-time bound at {report['bandwidth_mbps']:g} Mbps (s) |",
             "|" + "---|" * 12,

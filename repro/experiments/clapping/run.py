@@ -26,14 +26,14 @@ from repro.data.tokenizer import tokenizer_digest
 from repro.dataclass_docs import fields_help
 from repro.pipeline.memory import buffer_memory_points
 from repro.runs import Progress, RunResult, check_accelerator, train_all
-from repro.runs.budget import planned_runs, print_plan
 from repro.runs.build import VERBOSE_ENV, quiet_lightning
+from repro.runs.compute_plan import planned_runs, print_plan
 from repro.runs.data_use import check_data_use, data_lines
 from repro.runs.interrupts import interrupted_line, remember_interrupts, stop_if_interrupted
 from repro.runs.model_config import load_model_config
 from repro.runs.provenance import display_path
-from repro.runs.scale_args import add_scale_args
-from repro.runs.shards import Shard, finished_results, wait_for
+from repro.runs.scale_args import add_scale_args, add_settings_args, settings_file
+from repro.runs.shards import Shard, gather
 
 from .plan import ClappingRow, base_spec, finetune_data, grid
 from .quantizer_error import quantizer_error_table
@@ -140,19 +140,14 @@ def run_clapping(
         runs_per_gpu=runs_per_gpu,
     )
     with remember_interrupts():
-        results = train([base] if base in mine else [])
-        if base and shard:  # every row starts from the base model: wait for the shard that trains it
-            results = wait_for([base], progress.note)
+        results = {}
+        if base:  # every row starts from the base model: a shard waits for the shard that trains it
+            results = gather([base], train([base] if base in mine else []), shard, progress.note, wait=True)
         results.update(train([s for s in mine if s != base]))
         stop_if_interrupted()
-    if shard:
-        results, missing = finished_results(specs)
-        if missing:
-            progress.note(
-                f"shard {shard} done; {len(missing)} runs of other shards are not finished: the last shard "
-                "to finish writes the table"
-            )
-            return None
+    results = gather(specs, results, shard, progress.note)
+    if results is None:
+        return None
     records = [run_record(row, results[spec.key], runs_dir) for row, spec in jobs]
     base_record = quantizer_errors = None
     if base:
@@ -195,13 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0],
         epilog="settings file fields:\n" + fields_help(ClappingSettings),
     )
-    parser.add_argument(
-        "--scale",
-        default=None,
-        choices=SCALES,
-        help="which shipped settings: paper_configs/experiments/clapping/<scale>.yaml",
-    )
-    parser.add_argument("--settings", default=None, help="a settings YAML instead of --scale")
+    add_settings_args(parser, "clapping", SCALES)
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="override the settings' seeds")
     parser.add_argument(
         "--accelerator", default=None, choices=("cpu", "gpu"), help="cpu or gpu (default: the settings')"
@@ -251,8 +240,7 @@ def clapping_data_use(
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if bool(args.scale) == bool(args.settings):
-        parser.error("give exactly one of --scale or --settings")
+    path = settings_file(parser, args, settings_path)
     if args.verbose:
         os.environ[VERBOSE_ENV] = "1"
     quiet_lightning()
@@ -260,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.seeds is not None and (len(set(args.seeds)) != len(args.seeds) or min(args.seeds) < 0):
             raise ValueError(f"--seeds {args.seeds}: give distinct non-negative integers")
         settings = load_clapping_settings(
-            args.settings or settings_path(args.scale),
+            path,
             seeds=tuple(args.seeds) if args.seeds else None,
             accelerator=args.accelerator,
         )

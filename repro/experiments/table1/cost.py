@@ -8,7 +8,7 @@ from __future__ import annotations
 from math import comb
 from pathlib import Path
 
-from repro.runs.budget import PlannedRun, config_facts, planned_runs, print_plan
+from repro.runs.compute_plan import PlannedRun, config_facts, planned_runs, print_plan
 from repro.runs.data_use import check_data_use, data_lines
 
 from .plan import ROW_METHODS, make_plan, stage1_specs

@@ -16,7 +16,14 @@ from repro.alloc.allocation import (
     top_k_layers,
 )
 from repro.alloc.budget import BudgetLevels, default_levels, level_to_width, num_high_layers
-from repro.alloc.coverage_profile import CoverageProfileSettings, layer_groups, pair_specs, upgrade_specs
+from repro.alloc.coverage_profile import (
+    CoverageProfileSettings,
+    early_eval_every,
+    early_steps,
+    layer_groups,
+    pair_specs,
+    upgrade_specs,
+)
 from repro.alloc.profile import LayerProfile
 from repro.models.config import GPTConfig
 from repro.runs import RunSpec
@@ -124,8 +131,8 @@ def make_plan(settings: Table1Settings, arch: str, out: Path) -> ArchPlan:
     levels = default_levels(t_shape)
     num_high_layers(t_shape.n_layer, levels)  # fail early on an infeasible budget
     num_high_layers(s_shape.n_layer, levels)
-    early = max(1, round(settings.profile_fraction * settings.steps))
-    profile_eval = max(1, early // settings.profile_evals)
+    early = early_steps(settings.steps, settings.profile_fraction)
+    profile_eval = early_eval_every(early, settings.profile_evals)
     profile = CoverageProfileSettings(
         steps=early,
         seeds=settings.profile_seeds,

@@ -59,6 +59,11 @@ def marks_under_float_spread(
     return out
 
 
+def _row_label(method: str, settings: Table1Settings) -> str:
+    """A row's name in the table: its method, with the number of draws for random-k."""
+    return method + (f" (R={settings.random_draws})" if method == "random-k" else "")
+
+
 def arch_columns(
     o: ArchOutcome, method: str, seeds: tuple[int, ...], vs_uniform: PairedComparison | None
 ) -> dict:
@@ -226,7 +231,7 @@ def build_table(
     rows = []
     for method in ROW_METHODS:
         row: dict[str, Any] = {
-            "method": method + (f" (R={settings.random_draws})" if method == "random-k" else ""),
+            "method": _row_label(method, settings),
             "budget_matched": method not in REFERENCE_POINTS,
         }
         for o in outcomes:
@@ -256,13 +261,10 @@ def build_table(
                 for name in ("coverage_target", "coverage_source", "transferred", "phase_off_target")
             },
             "row_runs": {
-                row["method"]: [
-                    widths_name(a.widths, seed)
-                    for a in o.allocations
-                    if a.method == row["method"].split(" (")[0]
-                    for seed in seeds
+                _row_label(method, settings): [
+                    widths_name(a.widths, seed) for a in o.allocations if a.method == method for seed in seeds
                 ]
-                for row in rows
+                for method in ROW_METHODS
             },
             "profiled_high_layers": next(a.high_layers for a in o.allocations if a.method == "profiled"),
             "analysis": analysis(o, seeds),

@@ -12,6 +12,20 @@ from .plan import ArchPlan, widths_name
 
 
 @dataclass(frozen=True)
+class ArchAllocations:
+    """One architecture's half after stage 1: its profiles and the allocations stage 2 trains."""
+
+    plan: ArchPlan
+    benefit: LayerProfile  # coverage-benefit profile of the target
+    source: LayerProfile  # coverage-benefit profile of the source
+    transferred: LayerProfile  # the source profile at the target's depths
+    phase_off: LayerProfile  # phase-off profile of the all-high reference
+    allocations: tuple[Allocation, ...]  # every row's allocation (random-k: every draw)
+    sweep: tuple[Allocation, ...]  # the extra budgets (MLA)
+    pairs: tuple[tuple[int, int], ...]  # the layer pairs whose interaction is measured
+
+
+@dataclass(frozen=True)
 class ArchOutcome:
     """One architecture's half of the table, once every run is done."""
 

@@ -44,8 +44,8 @@ from repro.dataclass_docs import fields_help
 from repro.runs import Progress, RunResult, check_accelerator, train_all
 from repro.runs.build import VERBOSE_ENV, quiet_lightning
 from repro.runs.interrupts import interrupted_line, remember_interrupts
-from repro.runs.scale_args import add_scale_args
-from repro.runs.shards import Shard, finished_results, wait_for
+from repro.runs.scale_args import add_scale_args, add_settings_args, settings_file
+from repro.runs.shards import Shard, finished_results, gather
 
 from .cost import print_table1_plan, table1_data_use
 from .float_spread import float_spread
@@ -62,7 +62,7 @@ from .plan import (
 )
 from .probe import PROBE_ROWS, probe, probe_markdown
 from .report import build_table
-from .results import ArchOutcome
+from .results import ArchAllocations, ArchOutcome
 from .settings import SCALES, Table1Settings, load_table1_settings, settings_path
 from .table_files import write_table
 
@@ -127,9 +127,9 @@ def run_table1(
             if stage == "profiles":
                 progress.note(f"stage 1 done ({len(mine1)} runs); the rows: --stage rows")
                 return None
-        if shard is not None and stage == "all":
-            results = wait_for(stage1, progress.note)
-        elif shard is not None or stage == "rows":
+        if stage == "all":
+            results = gather(stage1, results, shard, progress.note, wait=True)
+        else:  # --stage rows: stage 1 was trained by an earlier call (or job array)
             results, missing = finished_results(stage1)
             if missing:
                 raise ValueError(
@@ -147,17 +147,11 @@ def run_table1(
             f"{len(settings.seeds)} seeds, interaction pairs, extra budgets)"
         )
         results.update(train(mine2))
-    if shard is not None:
-        found, missing = finished_results(stage1 + stage2)
-        if missing:
-            progress.note(
-                f"shard {shard} done; {len(missing)} runs of other shards are not finished: the last shard "
-                "to finish writes the table"
-            )
-            return None
-        results = found
+    results = gather(stage1 + stage2, results, shard, progress.note)
+    if results is None:
+        return None
 
-    outcomes = [_outcome(settings, results, *entry) for entry in staged]
+    outcomes = [_outcome(settings, results, entry) for entry in staged]
     spread = None
     if with_float_spread:
         progress.note("float spread: the uniform row again under other kernels and thread counts")
@@ -226,30 +220,36 @@ def _allocate(plans, settings: Table1Settings, results: dict[str, RunResult], vo
         allocations = row_allocations(plan, settings, benefit, transferred, phase_off)
         sweep = sweep_allocations(plan, settings, benefit)
         pairs = interaction_pairs(settings, benefit)
-        staged.append((plan, benefit, source, transferred, phase_off, allocations, sweep, pairs))
+        staged.append(
+            ArchAllocations(
+                plan, benefit, source, transferred, phase_off, tuple(allocations), tuple(sweep), tuple(pairs)
+            )
+        )
         stage2 += stage2_specs(plan, settings, allocations, sweep, benefit, pairs)
     return staged, stage2
 
 
-def _outcome(settings, results, plan, benefit, source, transferred, phase_off, allocations, sweep, pairs):
+def _outcome(settings: Table1Settings, results: dict[str, RunResult], a: ArchAllocations) -> ArchOutcome:
+    plan = a.plan
     runs = {
-        widths_name(a.widths, seed): results[plan.row_spec(a.widths, seed).key]
-        for a in allocations + sweep
-        for seed in seeds_of(a, settings)
+        widths_name(row.widths, seed): results[plan.row_spec(row.widths, seed).key]
+        for row in a.allocations + a.sweep
+        for seed in seeds_of(row, settings)
     }
     pair_runs = {s.name: results[s.key] for s in plan.profile_specs("target")}
-    pair_runs.update({s.name: results[s.key] for s in stage2_specs(plan, settings, [], [], benefit, pairs)})
-    measured = pair_benefits_from_results(benefit, pairs, pair_runs) if pairs else {}
+    pair_specs = stage2_specs(plan, settings, [], [], a.benefit, list(a.pairs))
+    pair_runs.update({s.name: results[s.key] for s in pair_specs})
+    measured = pair_benefits_from_results(a.benefit, list(a.pairs), pair_runs) if a.pairs else {}
     return ArchOutcome(
         plan,
-        benefit,
-        source,
-        transferred,
-        phase_off,
-        tuple(allocations),
-        tuple(sweep),
+        a.benefit,
+        a.source,
+        a.transferred,
+        a.phase_off,
+        a.allocations,
+        a.sweep,
         runs,
-        tuple(interaction_terms(benefit.values, measured)),
+        tuple(interaction_terms(a.benefit.values, measured)),
     )
 
 
@@ -269,15 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0],
         epilog="settings file fields:\n" + fields_help(Table1Settings),
     )
-    parser.add_argument(
-        "--scale",
-        default="cpu",
-        choices=SCALES,
-        help="which shipped settings: paper_configs/experiments/table1/<scale>.yaml (default cpu)",
-    )
-    parser.add_argument(
-        "--settings", type=Path, default=None, help="a settings YAML instead of the scale's own"
-    )
+    add_settings_args(parser, "table1", SCALES)
     parser.add_argument(
         "--seeds", type=int, nargs="+", default=None, help="seeds of the rows (default: the settings')"
     )
@@ -336,13 +328,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    path = settings_file(parser, args, settings_path)
     if args.verbose:
         os.environ[VERBOSE_ENV] = "1"
     quiet_lightning()
     try:
         settings = load_table1_settings(
-            args.settings or settings_path(args.scale),
+            path,
             seeds=tuple(args.seeds) if args.seeds else None,
             steps=args.steps,
             workers=args.workers,

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from repro.alloc.allocation import BUDGET_MATCHED
+from repro.alloc.coverage_profile import EARLY_FRACTION, EVALUATIONS, LAST_N, SEEDS
 from repro.runs.settings import ConfigPath, load_settings, shipped_settings
 
 SCALES = ("smoke", "cpu-quick", "cpu", "gpu", "paper")
@@ -29,10 +30,10 @@ class Table1Settings:
     steps: int  # optimizer steps of a row run (the full run whose fraction the profiles train)
     seeds: tuple[int, ...] = (0, 1, 2)  # one init seed and data order per seed, shared by every row
     eval_every: int = 50  # validation interval of the Table 1 runs (steps)
-    profile_fraction: float = 0.15  # T_early = this fraction of the full run's steps
-    profile_seeds: tuple[int, ...] = (0, 1)  # S_profile seeds of the coverage-benefit profiles
-    profile_evals: int = 6  # evaluations per profile run (eval_every = T_early / this)
-    profile_last_n: int = 3  # a profile run's loss = mean of its last n evaluations
+    profile_fraction: float = EARLY_FRACTION  # T_early = this fraction of the full run's steps
+    profile_seeds: tuple[int, ...] = SEEDS  # S_profile seeds of the coverage-benefit profiles
+    profile_evals: int = EVALUATIONS  # evaluations per profile run (eval_every = T_early / this)
+    profile_last_n: int = LAST_N  # a profile run's loss = mean of its last n evaluations
     profile_lr_schedule: Literal["full-run", "early-run"] = "full-run"  # see repro profile coverage --help
     transfer_method: Literal["linear", "nearest"] = "linear"  # interpolation of the source profile by depth
     random_draws: int = 2  # R seeded random-k draws (each trained for every seed)

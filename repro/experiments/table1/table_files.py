@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from repro.files import write_text_atomic
-from repro.stats import ALPHA, CONFIDENCE
+from repro.stats import ALPHA, CI_LABEL, CONFIDENCE
 
 ARCH_TITLE = {"mha": "fixed width (MHA)", "mla": "MLA"}
 
@@ -66,7 +66,7 @@ def to_markdown(doc: dict[str, Any]) -> str:
     head = ["method"]
     for arch in archs:
         t = "MHA" if arch == "mha" else "MLA"
-        head += [f"{t} high layers", f"{t} val loss", f"{t} Δ vs uniform [95% CI]", "p (Holm)"]
+        head += [f"{t} high layers", f"{t} val loss", f"{t} Δ vs uniform [{CI_LABEL}]", "p (Holm)"]
     if "mla" in archs:
         head += ["MLA KV elems/token"]
     head += ["RoPE FLOPs/token (" + " / ".join(a.upper() for a in archs) + ")"]

@@ -14,6 +14,8 @@ from lightning.pytorch.strategies.parallel import ParallelStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero_only
 
+from repro.cores import threads_per_process
+
 from ..options import PipelineOptions
 from ..watchdog import exit_when_parent_dies
 from . import compat
@@ -153,8 +155,7 @@ class StageProcesses(ParallelStrategy):
         if os.environ.get("OMP_NUM_THREADS"):
             return
         cores = os.cpu_count() or 1
-        share = max(1, cores // max(1, self.num_processes))
-        torch.set_num_threads(min(share, torch.get_num_threads()))
+        torch.set_num_threads(min(threads_per_process(self.num_processes, cores), torch.get_num_threads()))
         if self.global_rank == 0:
             rank_zero_info(
                 f"[clapping] {self.num_processes} stage processes on {cores} cores: "
