@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -34,6 +35,21 @@ def settings_file(
     if args.scale and args.settings:
         parser.error("give --scale or --settings, not both (a settings file names its own scale)")
     return args.settings or shipped(args.scale or DEFAULT_SCALE)
+
+
+def parse_experiment_args(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None, shipped: Callable[[str], Path]
+) -> tuple[argparse.Namespace, Path]:
+    """An experiment command's arguments and its settings file, with its output set up: Lightning's
+    own lines shown with ``--verbose``, kept quiet otherwise."""
+    from .build import VERBOSE_ENV, quiet_lightning
+
+    args = parser.parse_args(argv)
+    path = settings_file(parser, args, shipped)
+    if args.verbose:
+        os.environ[VERBOSE_ENV] = "1"
+    quiet_lightning()
+    return args, path
 
 
 def add_scale_args(parser: argparse.ArgumentParser, step_time_of: str, what: str = "the result") -> None:

@@ -13,7 +13,6 @@ The table is written last, md, csv and then json.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from dataclasses import asdict, replace
@@ -26,13 +25,12 @@ from repro.data.tokenizer import tokenizer_digest
 from repro.dataclass_docs import fields_help
 from repro.pipeline.memory import buffer_memory_points
 from repro.runs import Progress, RunResult, check_accelerator, train_all
-from repro.runs.build import VERBOSE_ENV, quiet_lightning
 from repro.runs.compute_plan import planned_runs, print_plan
 from repro.runs.data_use import check_data_use, data_lines
 from repro.runs.interrupts import interrupted_line, remember_interrupts, stop_if_interrupted
 from repro.runs.model_config import load_model_config
 from repro.runs.provenance import display_path
-from repro.runs.scale_args import add_scale_args, add_settings_args, settings_file
+from repro.runs.scale_args import add_scale_args, add_settings_args, parse_experiment_args
 from repro.runs.shards import Shard, gather
 
 from .plan import ClappingRow, base_spec, finetune_data, grid
@@ -238,12 +236,7 @@ def clapping_data_use(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    path = settings_file(parser, args, settings_path)
-    if args.verbose:
-        os.environ[VERBOSE_ENV] = "1"
-    quiet_lightning()
+    args, path = parse_experiment_args(build_parser(), argv, settings_path)
     try:
         if args.seeds is not None and (len(set(args.seeds)) != len(args.seeds) or min(args.seeds) < 0):
             raise ValueError(f"--seeds {args.seeds}: give distinct non-negative integers")

@@ -26,16 +26,9 @@ class ArchAllocations:
 
 
 @dataclass(frozen=True)
-class ArchOutcome:
-    """One architecture's half of the table, once every run is done."""
+class ArchOutcome(ArchAllocations):
+    """One architecture's half of the table, once every run is done: its allocations and their runs."""
 
-    plan: ArchPlan
-    benefit: LayerProfile  # coverage-benefit profile of the target
-    source: LayerProfile  # coverage-benefit profile of the source
-    transferred: LayerProfile  # the source profile at the target's depths
-    phase_off: LayerProfile  # phase-off profile of the all-high reference
-    allocations: tuple[Allocation, ...]  # every row's allocation (random-k: every draw)
-    sweep: tuple[Allocation, ...]  # the extra budgets (MLA)
     runs: dict[str, RunResult]  # row run name -> result
     interactions: tuple[dict, ...]  # interaction terms of the top layers
 

@@ -27,7 +27,6 @@ finish writes the table.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from functools import partial
@@ -42,9 +41,8 @@ from repro.alloc.transfer import transfer_profile
 from repro.arguments import Parser
 from repro.dataclass_docs import fields_help
 from repro.runs import Progress, RunResult, check_accelerator, train_all
-from repro.runs.build import VERBOSE_ENV, quiet_lightning
 from repro.runs.interrupts import interrupted_line, remember_interrupts
-from repro.runs.scale_args import add_scale_args, add_settings_args, settings_file
+from repro.runs.scale_args import add_scale_args, add_settings_args, parse_experiment_args
 from repro.runs.shards import Shard, finished_results, gather
 
 from .cost import print_table1_plan, table1_data_use
@@ -183,21 +181,16 @@ def _allocate(plans, settings: Table1Settings, results: dict[str, RunResult], vo
     device = "cuda" if settings.accelerator == "gpu" and torch.cuda.is_available() else "cpu"
     staged, stage2 = [], []
     for plan in plans:
-        benefit = profile_from_results(
-            plan.target,
-            plan.levels,
-            plan.profile,
-            _by_name(results, plan.profile_specs("target")),
-            plan.profile_dir("target"),
-            vocab[plan.arch],
-        )
-        source = profile_from_results(
-            plan.source,
-            plan.levels,
-            plan.profile,
-            _by_name(results, plan.profile_specs("source")),
-            plan.profile_dir("source"),
-            vocab[plan.arch],
+        benefit, source = (
+            profile_from_results(
+                getattr(plan, member),
+                plan.levels,
+                plan.profile,
+                _by_name(results, plan.profile_specs(member)),
+                plan.profile_dir(member),
+                vocab[plan.arch],
+            )
+            for member in ("target", "source")
         )
         transferred = transfer_profile(
             source,
@@ -241,15 +234,7 @@ def _outcome(settings: Table1Settings, results: dict[str, RunResult], a: ArchAll
     pair_runs.update({s.name: results[s.key] for s in pair_specs})
     measured = pair_benefits_from_results(a.benefit, list(a.pairs), pair_runs) if a.pairs else {}
     return ArchOutcome(
-        plan,
-        a.benefit,
-        a.source,
-        a.transferred,
-        a.phase_off,
-        a.allocations,
-        a.sweep,
-        runs,
-        tuple(interaction_terms(a.benefit.values, measured)),
+        **vars(a), runs=runs, interactions=tuple(interaction_terms(a.benefit.values, measured))
     )
 
 
@@ -328,12 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    path = settings_file(parser, args, settings_path)
-    if args.verbose:
-        os.environ[VERBOSE_ENV] = "1"
-    quiet_lightning()
+    args, path = parse_experiment_args(build_parser(), argv, settings_path)
     try:
         settings = load_table1_settings(
             path,
