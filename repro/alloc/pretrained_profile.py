@@ -101,8 +101,7 @@ def measure_pretrained_profile(
     datamodule.setup("validate")
     batches = list(datamodule.val_dataloader())
     if per_head:
-        model.set_phase_off_heads({0: [0]})  # fails here, in one line, for a model without per-head rotations
-        model.set_phase_off_heads(None)
+        model.check_per_head_phase_off()  # before any evaluation
     measured = rotary_values(model, batches, fraction, per_head)
     return LayerProfile(
         kind="phase_off",

@@ -334,16 +334,21 @@ class HFCausalLM(nn.Module):
         that read them: with grouped-query attention a query head cannot lose its phase alone, its
         keys are shared); None: every head as trained. Llama family with per-head rotations only
         (MLA's rotary key is one head shared by all query heads; GPT-2 has no rotary phase)."""
-        if heads and (self.family == "gpt2" or self.config.model_type not in PER_HEAD_PHASE_OFF):
-            raise HFModelError(
-                f"per-head phase-off: not defined for model_type {self.config.model_type!r} "
-                f"(supported: {PER_HEAD_PHASE_OFF})"
-            )
+        if heads:
+            self.check_per_head_phase_off()
         for i, layer in enumerate(self.layers):
             chosen = tuple(sorted((heads or {}).get(i, ())))
             if any(not 0 <= h < self.kv_heads for h in chosen):
                 raise HFModelError(f"per-head phase-off: layer {i} heads {chosen}: there are {self.kv_heads}")
             layer.phase_off_heads = chosen
+
+    def check_per_head_phase_off(self) -> None:
+        """Fail in one line for a model whose heads do not each have their own rotation."""
+        if self.family == "gpt2" or self.config.model_type not in PER_HEAD_PHASE_OFF:
+            raise HFModelError(
+                f"per-head phase-off: not defined for model_type {self.config.model_type!r} "
+                f"(supported: {PER_HEAD_PHASE_OFF})"
+            )
 
     @property
     def kv_heads(self) -> int:

@@ -10,7 +10,6 @@ simulated machines.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -52,7 +51,6 @@ def single_run_slots(
     for name, value in (("workers", workers), ("runs_per_gpu", runs_per_gpu)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"{name}={value!r}: must be a positive integer")
-    cores = cores or os.cpu_count() or 1
     if accelerator == "cpu":
         return [Slot("cpu", (), threads_per_process(workers, cores)) for _ in range(workers)]
     gpus = torch.cuda.device_count() if gpus is None else gpus
@@ -70,7 +68,6 @@ def pipeline_slots(
     at a time whose stages share the GPUs over gloo."""
     if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
         raise ValueError(f"stages={stages!r}: must be a positive integer")
-    cores = cores or os.cpu_count() or 1
     if accelerator == "cpu":
         return [Slot("cpu", (), threads_per_process(stages, cores))], "gloo"
     gpus = torch.cuda.device_count() if gpus is None else gpus

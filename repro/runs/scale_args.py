@@ -27,25 +27,19 @@ def add_settings_args(parser: argparse.ArgumentParser, experiment: str, scales: 
     )
 
 
-def settings_file(
-    parser: argparse.ArgumentParser, args: argparse.Namespace, shipped: Callable[[str], Path]
-) -> Path:
-    """The settings file the arguments name: ``--settings``, or the shipped file of ``--scale``
-    (default :data:`DEFAULT_SCALE`); both at once is a usage error (a settings file names its scale)."""
-    if args.scale and args.settings:
-        parser.error("give --scale or --settings, not both (a settings file names its own scale)")
-    return args.settings or shipped(args.scale or DEFAULT_SCALE)
-
-
 def parse_experiment_args(
     parser: argparse.ArgumentParser, argv: Sequence[str] | None, shipped: Callable[[str], Path]
 ) -> tuple[argparse.Namespace, Path]:
-    """An experiment command's arguments and its settings file, with its output set up: Lightning's
-    own lines shown with ``--verbose``, kept quiet otherwise."""
+    """An experiment command's arguments and its settings file (``--settings``, or the shipped file
+    of ``--scale``, default :data:`DEFAULT_SCALE`; both at once is a usage error: a settings file
+    names its own scale), with its output set up: Lightning's own lines shown with ``--verbose``,
+    kept quiet otherwise."""
     from .build import VERBOSE_ENV, quiet_lightning
 
     args = parser.parse_args(argv)
-    path = settings_file(parser, args, shipped)
+    if args.scale and args.settings:
+        parser.error("give --scale or --settings, not both (a settings file names its own scale)")
+    path = args.settings or shipped(args.scale or DEFAULT_SCALE)
     if args.verbose:
         os.environ[VERBOSE_ENV] = "1"
     quiet_lightning()
