@@ -123,19 +123,25 @@ def _slurm_rank(links: Links, rank: int, work: Path, cache: Path, port: int) -> 
     )
 
 
-def _python_children(pids: list[int]) -> dict[int, str]:
-    """Python processes whose parent is one of ``pids`` (from /proc), with their command lines: what a
-    launcher would start (fork, spawn or popen all run this interpreter), not a short-lived tool such
-    as the ``git rev-parse`` of the run's provenance."""
-    python = os.path.realpath(sys.executable)
+LAUNCHED = (
+    "repro.cli",
+    "multiprocessing",
+)  # a forked rank (the parent's command line), a spawned or a popen one
+
+
+def _rank_children(pids: list[int]) -> dict[int, str]:
+    """Processes whose parent is one of ``pids`` (from /proc) and that a launcher would start, with
+    their command lines: a fork keeps the parent's ``-m repro.cli``, spawn runs ``multiprocessing``'s
+    entry, popen ``-m repro.cli`` again. Short-lived tools are not ranks (the ``git rev-parse`` of
+    the run's provenance, the ``python -c`` jsonargparse's type-stub finder runs for sys.path)."""
     out = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[1]) in pids and os.path.realpath(stat.parent / "exe") == python:
-                out[int(stat.parent.name)] = (
-                    (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-                )
+            if int(fields[1]) in pids:
+                cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                if any(mark in cmdline for mark in LAUNCHED):
+                    out[int(stat.parent.name)] = cmdline
         except OSError:
             continue
     return out
@@ -148,7 +154,7 @@ def test_four_ranks_started_as_srun_would_train_as_one_machine_with_no_extra_pro
         procs = [_slurm_rank(links, r, tmp_path, data_cache, 29631) for r in range(4)]
         extra = {}
         while any(p.poll() is None for p in procs):
-            extra |= _python_children([p.pid for p in procs])  # `ip netns exec` execs: none expected
+            extra |= _rank_children([p.pid for p in procs])  # `ip netns exec` execs: none expected
             time.sleep(0.5)
         outs = [p.communicate()[0].decode() for p in procs]
     assert all(p.returncode == 0 for p in procs), outs[0][-3000:]
