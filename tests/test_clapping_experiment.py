@@ -17,7 +17,7 @@ from repro.experiments.clapping.settings import load_clapping_settings, split_co
 from repro.lit import GPTLightningModule
 from repro.models import GPTConfig
 from repro.pipeline.compressors import build_compressor
-from repro.runs.store import checkpoint_path
+from repro.runs.store import RunResult, checkpoint_path
 
 from conftest import EXPERIMENTS, MODELS, REPO_ROOT
 
@@ -214,3 +214,47 @@ def test_the_table_records_what_reruns_each_row(smoke):
     assert all(
         {"regime", "method", "compressor", "p", "seed", "fingerprint"} <= set(run) for run in report["runs"]
     )
+
+
+def test_the_noise_probe_tunes_the_tables_base_and_pairs_each_row_with_none(smoke, data_cache):
+    import json
+    from dataclasses import replace
+
+    from repro.experiments.clapping.probe import probe
+    from repro.stats import paired_comparison
+
+    settings, _, out = smoke
+    base = base_spec(settings, out)
+    base_result = out / "base" / f"{base.name}.json"
+    before = base_result.stat().st_mtime_ns
+    two = replace(settings, seeds=(0, 1))
+    doc = probe(two, out, [6], None, ("direct",), str(data_cache), quiet=True)
+    assert base_result.stat().st_mtime_ns == before  # the table's base, reused
+    (p,) = doc["probes"]
+    assert (p["steps"], p["N"]) == (6, 32)  # N scaled with the steps: the table's 3 epochs
+    folder = out / "probe" / "steps6-N32"
+    runs = {f.stem: RunResult.from_dict(json.loads(f.read_text())) for f in folder.glob("*.json")}
+    names = {"none": "finetune-none-identity-p1", "direct": "finetune-direct-quant4+quant8-p1"}
+    losses = {m: [runs[f"{key}-s{s}"].final_val_loss for s in (0, 1)] for m, key in names.items()}
+    assert {r.overrides["data.max_train_blocks"] for r in runs.values()} == {32}
+    assert {r.overrides["model.init_checkpoint"] for r in runs.values()} == {str(checkpoint_path(base))}
+    assert p["losses"] == losses
+    c = paired_comparison(losses["direct"], losses["none"])
+    assert p["rows"]["direct"] == {"mean": c.mean, "std": c.std, "p": c.p} and p["paired_diff_std"] == c.std
+    assert doc["holm_rows"] == len(plan_rows(replace(settings, regimes=("finetune",)))) - 1
+    assert "| 6 | 32 | 3.0 |" in (out / "probe.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "steps, blocks, methods, fragment",
+    [
+        ([6, 12], [32], ("direct",), "--probe-blocks [32]: one positive N per --probe-steps value"),
+        ([0], None, ("direct",), "--probe-steps [0]: positive step counts"),
+        ([6], None, ("none",), "--probe-methods ['none']: methods compared with none"),
+    ],
+)
+def test_bad_probe_arguments_fail_with_the_flag(steps, blocks, methods, fragment, tmp_path):
+    from repro.experiments.clapping.probe import probe
+
+    with pytest.raises(ValueError, match=__import__("re").escape(fragment)):
+        probe(load_clapping_settings(SMOKE), tmp_path, steps, blocks, methods)

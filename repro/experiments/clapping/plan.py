@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from repro.runs import RunSpec
+from repro.runs.data_use import check_data_use
 from repro.runs.store import checkpoint_path
 
 from .settings import ClappingSettings, split_compressor
@@ -149,3 +150,21 @@ def grid(
         for row in plan_rows(settings)
         for seed in settings.seeds
     ]
+
+
+def clapping_data_use(
+    settings: ClappingSettings, base, jobs, cache_dir: str | None = None, strict: bool = True
+):
+    """[(limit, uses)]: the base and from-scratch rows against max_epochs_over_data, the fine-tune rows
+    against finetune_max_epochs_over_data."""
+    what = f"clapping {settings.scale}"
+    tune = [spec for row, spec in jobs if row.regime == "finetune"]
+    rest = ([base] if base else []) + [spec for row, spec in jobs if row.regime != "finetune"]
+    out = []
+    for limit, specs in (
+        (settings.max_epochs_over_data, rest),
+        (settings.finetune_max_epochs_over_data, tune),
+    ):
+        if specs:
+            out.append((limit, check_data_use(specs, limit, what, cache_dir, strict)))
+    return out

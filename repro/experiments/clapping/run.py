@@ -26,14 +26,15 @@ from repro.dataclass_docs import fields_help
 from repro.pipeline.memory import buffer_memory_points
 from repro.runs import Progress, RunResult, check_accelerator, train_all
 from repro.runs.compute_plan import planned_runs, print_plan
-from repro.runs.data_use import check_data_use, data_lines
+from repro.runs.data_use import data_lines
 from repro.runs.interrupts import interrupted_line, remember_interrupts, stop_if_interrupted
 from repro.runs.model_config import load_model_config
 from repro.runs.provenance import display_path
 from repro.runs.scale_args import add_scale_args, add_settings_args, parse_experiment_args
 from repro.runs.shards import Shard, gather
 
-from .plan import ClappingRow, base_spec, finetune_data, grid
+from .plan import ClappingRow, base_spec, clapping_data_use, finetune_data, grid
+from .probe import PROBE_METHODS, probe, probe_markdown
 from .quantizer_error import quantizer_error_table
 from .report import build_report, write_report
 from .settings import SCALES, ClappingSettings, load_clapping_settings, settings_path, split_compressor
@@ -199,6 +200,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     add_scale_args(parser, "one run of the grid (all K stages; the run holds K GPUs)", "the table")
+    parser.add_argument(
+        "--probe",
+        action="store_true",
+        help="train only the fine-tune noise probe: none and --probe-methods, every seed, at each "
+        "--probe-steps; prints the seed noise and the seeds a target difference needs (writes "
+        "<out>/probe.{md,json}; the base model is the table's, reused from <out>)",
+    )
+    parser.add_argument(
+        "--probe-steps", type=int, nargs="+", default=None, help="fine-tune lengths of the probe"
+    )
+    parser.add_argument(
+        "--probe-blocks",
+        type=int,
+        nargs="+",
+        default=None,
+        help="N (fine-tune training blocks) per --probe-steps value (default: the settings' N scaled with the "
+        "steps, as many epochs as the table's rows)",
+    )
+    parser.add_argument(
+        "--probe-methods",
+        nargs="+",
+        default=list(PROBE_METHODS),
+        help=f"rows compared with none (default {' '.join(PROBE_METHODS)})",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="show Lightning's own lines too")
     return parser
 
@@ -217,24 +242,6 @@ def print_clapping_plan(settings: ClappingSettings, out: Path, step_time: float 
             print(line)
 
 
-def clapping_data_use(
-    settings: ClappingSettings, base, jobs, cache_dir: str | None = None, strict: bool = True
-):
-    """[(limit, uses)]: the base and from-scratch rows against max_epochs_over_data, the fine-tune rows
-    against finetune_max_epochs_over_data."""
-    what = f"clapping {settings.scale}"
-    tune = [spec for row, spec in jobs if row.regime == "finetune"]
-    rest = ([base] if base else []) + [spec for row, spec in jobs if row.regime != "finetune"]
-    out = []
-    for limit, specs in (
-        (settings.max_epochs_over_data, rest),
-        (settings.finetune_max_epochs_over_data, tune),
-    ):
-        if specs:
-            out.append((limit, check_data_use(specs, limit, what, cache_dir, strict)))
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     args, path = parse_experiment_args(build_parser(), argv, settings_path)
     try:
@@ -247,6 +254,19 @@ def main(argv: list[str] | None = None) -> int:
         )
         if args.plan:
             print_clapping_plan(settings, Path(args.out), args.step_time)
+            return 0
+        if args.probe:
+            steps = args.probe_steps or [settings.finetune.steps]
+            doc = probe(
+                settings,
+                Path(args.out),
+                steps,
+                args.probe_blocks,
+                tuple(args.probe_methods),
+                args.cache_dir,
+                args.quiet,
+            )
+            print(probe_markdown(doc), end="")
             return 0
         shard = Shard.parse(args.shard)
         report = run_clapping(
