@@ -228,13 +228,13 @@ def test_the_noise_probe_tunes_the_tables_base_and_pairs_each_row_with_none(smok
     base_result = out / "base" / f"{base.name}.json"
     before = base_result.stat().st_mtime_ns
     two = replace(settings, seeds=(0, 1))
-    doc = probe(two, out, [6], None, ("direct",), str(data_cache), quiet=True)
+    doc = probe(two, out, [6], None, ("direct",), str(data_cache), quiet=True, compressor="topk(0.05)")
     assert base_result.stat().st_mtime_ns == before  # the table's base, reused
     (p,) = doc["probes"]
     assert (p["steps"], p["N"]) == (6, 32)  # N scaled with the steps: the table's 3 epochs
     folder = out / "probe" / "steps6-N32"
     runs = {f.stem: RunResult.from_dict(json.loads(f.read_text())) for f in folder.glob("*.json")}
-    names = {"none": "finetune-none-identity-p1", "direct": "finetune-direct-quant4+quant8-p1"}
+    names = {"none": "finetune-none-identity-p1", "direct": "finetune-direct-topk0.05-p1"}
     losses = {m: [runs[f"{key}-s{s}"].final_val_loss for s in (0, 1)] for m, key in names.items()}
     assert {r.overrides["data.max_train_blocks"] for r in runs.values()} == {32}
     assert {r.overrides["model.init_checkpoint"] for r in runs.values()} == {str(checkpoint_path(base))}

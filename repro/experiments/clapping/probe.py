@@ -3,15 +3,16 @@ length and dataset size N, and what the seeds could resolve there: the numbers t
 regime is sized by (the Clapping counterpart of ``repro table1 --probe``).
 
 For each (steps, N) pair, a few fine-tune rows (``none`` and the ``--probe-methods``, at the grid's
-first compressor and, for the Clapping methods, its first p) are trained for every seed from the
-same base model as the table, one evaluation at the end. Per pair: ``none``'s mean and seed std,
-and for every other row the paired difference to ``none`` (mean, std of the differences, p); then,
-from the pooled std of the paired differences, the seeds a paired t-test needs to detect each
-target difference with 80 % power at alpha and at Holm's strictest level (alpha / m, m the rows
-the fine-tune table compares with ``none``). N defaults to the settings' N scaled with the steps,
-so every pair passes over its data as many times as the table's rows do.
+first compressor or ``--probe-compressor``, and for the Clapping methods at the grid's first p)
+are trained for every seed from the same base model as the table, one evaluation at the end. Per
+pair: ``none``'s mean and seed std, and for every other row the paired difference to ``none``
+(mean, std of the differences, p); then, from the pooled std of the paired differences, the
+seeds a paired t-test needs to detect each target difference with 80 % power at alpha and at
+Holm's strictest level (alpha / m, m the rows the fine-tune table compares with ``none``). N
+defaults to the settings' N scaled with the steps, so every pair passes over its data as many
+times as the table's rows do.
 
-    repro clapping --scale cpu --probe --probe-steps 80 320 --seeds 0 1 2 3 4 5
+    repro clapping --scale cpu --probe --probe-steps 80 320 --probe-compressor 'quant(4)/quant(8)'
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def probe(
     methods: tuple[str, ...] = PROBE_METHODS,
     cache_dir: str | None = None,
     quiet: bool = False,
+    compressor: str | None = None,
 ) -> dict[str, Any]:
     bad = [m for m in methods if m not in EXPERIMENT_METHODS or m == "none"]
     if bad or not methods:
@@ -75,7 +77,7 @@ def probe(
     config = load_model_config(settings.model)
     base = None if config.is_pretrained else base_spec(settings, out)
     grid_of = settings.finetune
-    compressor, p = grid_of.compressors[0], grid_of.clapping_p[0]
+    compressor, p = compressor or grid_of.compressors[0], grid_of.clapping_p[0]
     holm_rows = len(plan_rows(replace(settings, regimes=("finetune",)))) - 1
     jobs: dict[tuple[int, int], list] = {}
     for n, size in lengths:

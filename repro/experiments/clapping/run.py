@@ -224,6 +224,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=list(PROBE_METHODS),
         help=f"rows compared with none (default {' '.join(PROBE_METHODS)})",
     )
+    parser.add_argument(
+        "--probe-compressor",
+        default=None,
+        help="the compressor of the probe's rows, C or F/B (default: the fine-tune grid's first)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="show Lightning's own lines too")
     return parser
 
@@ -265,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
                 tuple(args.probe_methods),
                 args.cache_dir,
                 args.quiet,
+                args.probe_compressor,
             )
             print(probe_markdown(doc), end="")
             return 0
