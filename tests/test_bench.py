@@ -185,3 +185,12 @@ def test_shipped_presets_load():
     for preset in ("full", "quick"):
         s = load_settings(preset)
         assert s.preset == preset and s.sections == SECTIONS
+
+
+def test_the_hf_section_races_the_strategy_against_torch_pipelining_on_the_same_hf_model(quick_report):
+    report, _ = quick_report
+    names = {r["name"]: r for r in report["rows"] if r["section"] == "hf"}
+    for k in report["settings"]["stages"]:
+        ours = names[f"HF Llama clapping none+identity K={k}"]
+        assert ours["reference"] == f"HF Llama torch.distributed.pipelining GPipe K={k}" in names
+        assert ours["goal"] == 1.0 and ours["stages"] == k and ours["ratio"] > 0

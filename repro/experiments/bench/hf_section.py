@@ -2,6 +2,8 @@
 
 - per-rank memory of a K-stage split: the parameter bytes each rank reads (only its own stage,
   through the meta device) against the whole model (goal: the largest rank at most 1/K + 10 %);
+- the clapping strategy (method none) against ``torch.distributed.pipelining`` on the same model
+  and the same stage cut, at every K of the bench (goal >= 1.0);
 - the Lightning path (Trainer + ``HFCausalLMModule``) against a plain loop on the Hugging Face
   model's own forward, the two alternating step by step on the same batches (goal >= 0.97).
 """
@@ -17,7 +19,9 @@ import torch
 
 from repro.runs.build import make_trainer
 
-from .measure import row
+from .measure import pairwise, row
+from .pipeline_sections import OURS, TORCH
+from .pipelines import clapping_run, torch_pipelining_run
 from .settings import BenchSettings
 from .single_process import CLIP, _PairedPlainSteps, lightning_rows
 from .workload import OPTIM, loader
@@ -108,6 +112,7 @@ def bench_hf(s: BenchSettings, progress: Callable[[str], None]) -> list[dict[str
                     extra={"stages": k, "per_rank_bytes": per_rank, "model_bytes": total},
                 )
             )
+        rows += hf_pipeline_rows(folder, s, progress)
         steps = s.warmup_steps + s.timed_steps
         tokens = s.batch_size * s.block_size
         ours, plain = [], []
@@ -123,5 +128,48 @@ def bench_hf(s: BenchSettings, progress: Callable[[str], None]) -> list[dict[str
             plain.append(tokens * s.timed_steps / sum(pairs.plain_s[s.warmup_steps :]))
         rows += lightning_rows(
             "hf", "plain loop on the Hugging Face model", "Lightning Trainer + HFCausalLMModule", ours, plain
+        )
+    return rows
+
+
+def hf_pipeline_rows(folder: Path, s: BenchSettings, progress: Callable[[str], None]) -> list[dict[str, Any]]:
+    """The clapping strategy (method none) against torch.distributed.pipelining on the same Hugging
+    Face model, cut by the same stage adapter, each rank reading only its own stage; alternating
+    run by run (goal >= 1.0)."""
+    tokens = s.batch_size * s.block_size
+    rows = []
+    for k in s.stages:
+        ours, ref = [], []
+        for r in range(s.pipe_repeats):
+            progress(
+                f"hf: repeat {r + 1} of {s.pipe_repeats}: K={k} clapping, then torch.distributed.pipelining"
+            )
+            ours.append(clapping_run(folder, s, k, seed=r))
+            ref.append(torch_pipelining_run(folder, s, k, seed=r))
+        ours_tps = [tokens / x["step_s"] for x in ours]
+        ref_tps = [tokens / x["step_s"] for x in ref]
+        rows.append(
+            row(
+                "hf",
+                f"HF Llama {TORCH} K={k}",
+                "throughput",
+                "tokens/s",
+                ref_tps,
+                extra={"stages": k, "peak_rss_max": max(max(x["peak_rss"]) for x in ref)},
+            )
+        )
+        rows.append(
+            row(
+                "hf",
+                f"HF Llama {OURS} K={k}",
+                "throughput",
+                "tokens/s",
+                ours_tps,
+                reference=f"HF Llama {TORCH} K={k}",
+                ratios=pairwise(ours_tps, ref_tps),
+                ratio_meaning="tokens/s of ours / tokens/s of torch.distributed.pipelining, same HF model",
+                goal=1.0,
+                extra={"stages": k, "peak_rss_max": max(max(x["peak_rss"]) for x in ours)},
+            )
         )
     return rows

@@ -24,14 +24,15 @@ from repro.cores import threads_per_process
 from repro.files import write_json_atomic
 from repro.lit import GPTLightningModule
 from repro.models import GPTConfig
-from repro.models.gpt import GPT
 from repro.pipeline.lightning import ClappingStrategy
-from repro.pipeline.stage_parts import GPTStages, StageSplit, layers_per_stage
+from repro.pipeline.stage_parts import MaterializesStages, StageSplit, layers_per_stage, stage_adapter_for
 from repro.runs.build import make_trainer
 
 from .settings import BenchSettings, NetworkRun
 from .single_process import lightning_times
 from .workload import OPTIM, loader, peak_rss_bytes
+
+BenchModel = GPTConfig | Path  # the suite's GPT by its config, or a Hugging Face model's local directory
 
 
 def _read_ranks(folder: Path, k: int) -> list[dict[str, Any]]:
@@ -84,7 +85,7 @@ def run_strategy(s: BenchSettings, run: NetworkRun, start_method: str, seed: int
 
 
 def clapping_run(
-    cfg: GPTConfig,
+    model: BenchModel,
     s: BenchSettings,
     k: int,
     run: NetworkRun | None = None,
@@ -97,13 +98,12 @@ def clapping_run(
     steps = s.pipe_warmup_steps + s.pipe_timed_steps
     with tempfile.TemporaryDirectory(prefix="repro-bench-") as tmp:
         folder = Path(tmp)
-        torch.manual_seed(seed)
-        module = GPTLightningModule(cfg, OPTIM)
+        module = bench_module(model, seed)
         strategy = run_strategy(s, run, "fork", seed, bandwidth_mbps=bandwidth_mbps)
         trainer = make_trainer(
             steps=steps, devices=k, strategy=strategy, callbacks=[_RankReport(folder, threads_per_process(k))]
         )
-        trainer.fit(module, train_dataloaders=loader(s, steps, cfg.block_size))
+        trainer.fit(module, train_dataloaders=loader(s, steps, _block_size(model)))
         ranks = _read_ranks(folder, k)
     m = ranks[0]["metrics"]
     return {
@@ -115,15 +115,38 @@ def clapping_run(
     }
 
 
-def stage_module(gpt: GPT, rank: int, k: int) -> torch.nn.Sequential:
-    """Stage ``rank`` of the GPT for torch.distributed.pipelining, cut by the same adapter as the
-    clapping strategy's stages (equal layer counts)."""
-    split = StageSplit(rank, k, layers_per_stage(len(gpt.blocks), k), GPTStages(gpt).parts())
-    return torch.nn.Sequential(*split.modules_of(rank))
+def bench_module(model: BenchModel, seed: int = 0) -> L.LightningModule:
+    """The LightningModule of a bench run: the suite's GPT from its config, or a Hugging Face causal
+    LM from its local directory (built on the meta device; each stage reads its own weights)."""
+    torch.manual_seed(seed)
+    if isinstance(model, GPTConfig):
+        return GPTLightningModule(model, OPTIM)
+    from repro.lit.hf_module import HFCausalLMModule  # transformers: only for the HF rows
+
+    return HFCausalLMModule(str(model), OPTIM)
+
+
+def _block_size(model: BenchModel) -> int | None:
+    return model.block_size if isinstance(model, GPTConfig) else None  # an HF model: the bench's T
+
+
+def stage_module(module: L.LightningModule, rank: int, k: int) -> tuple[torch.nn.Sequential, list]:
+    """Stage ``rank`` of the module for torch.distributed.pipelining, cut by the same stage adapter
+    as the clapping strategy's stages (equal layer counts), with only its own parts materialized;
+    and its parameters that other stages hold too (tied weights)."""
+    adapter = stage_adapter_for(module)
+    parts = adapter.parts()
+    split = StageSplit(rank, k, layers_per_stage(len(parts.layers), k), parts)
+    modules = split.modules_of(rank)
+    if isinstance(adapter, MaterializesStages):
+        adapter.materialize(modules)
+    stage = torch.nn.Sequential(*modules)
+    others = {id(q) for st in range(k) if st != rank for m in split.modules_of(st) for q in m.parameters()}
+    return stage, [q for q in stage.parameters() if id(q) in others]
 
 
 def _torch_worker(
-    rank: int, k: int, port: int, cfg: GPTConfig, s: BenchSettings, folder: str, seed: int
+    rank: int, k: int, port: int, model: BenchModel, s: BenchSettings, folder: str, seed: int
 ) -> None:
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe  # heavy; only in these workers
 
@@ -131,20 +154,21 @@ def _torch_worker(
     torch.set_num_threads(threads_per_process(k))
     dist.init_process_group("gloo", rank=rank, world_size=k)
     try:
-        torch.manual_seed(seed)
-        module = GPTLightningModule(cfg, OPTIM)  # the same model object and optimizer as ours
-        stage_part = stage_module(module.model, rank, k)
+        module = bench_module(model, seed)  # the same model object and optimizer as ours
+        adapter = stage_adapter_for(module)
+        stage_part, tied = stage_module(module, rank, k)
         stage = PipelineStage(stage_part, rank, k, torch.device("cpu"))
-        schedule = ScheduleGPipe(stage, s.micro_batches, loss_fn=module.model.loss)
+        schedule = ScheduleGPipe(
+            stage, s.micro_batches, loss_fn=lambda out, y: adapter.loss(out, {"targets": y})
+        )
         params = [p for p in stage_part.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=OPTIM["lr"])
-        # the GPT ties its embedding and head: the first and last stage each hold the weight, and
-        # summing its two gradients keeps them one weight (as the clapping strategy does)
+        # a tied embedding and head (the suite's GPT): the first and last stage each hold the weight,
+        # and summing its two gradients keeps them one weight (as the clapping strategy does)
         tied_group = dist.new_group([0, k - 1])
-        tied = module.model.lm_head.weight if rank in (0, k - 1) else None
         steps = s.pipe_warmup_steps + s.pipe_timed_steps
         times = []
-        for batch in loader(s, steps, cfg.block_size):
+        for batch in loader(s, steps, _block_size(model)):
             opt.zero_grad(set_to_none=True)
             if rank == 0:
                 schedule.step(batch["input_ids"])
@@ -152,8 +176,8 @@ def _torch_worker(
                 schedule.step(target=batch["targets"])
             else:
                 schedule.step()
-            if tied is not None:
-                dist.all_reduce(tied.grad, group=tied_group)
+            for weight in tied:
+                dist.all_reduce(weight.grad, group=tied_group)
             opt.step()
             times.append(time.perf_counter())
         write_json_atomic(Path(folder) / f"rank{rank}.json", {"times": times, "peak_rss": peak_rss_bytes()})
@@ -161,12 +185,12 @@ def _torch_worker(
         dist.destroy_process_group()
 
 
-def torch_pipelining_run(cfg: GPTConfig, s: BenchSettings, k: int, seed: int = 0) -> dict[str, Any]:
+def torch_pipelining_run(model: BenchModel, s: BenchSettings, k: int, seed: int = 0) -> dict[str, Any]:
     """One run of PyTorch's own pipeline (PipelineStage + ScheduleGPipe) at K stages."""
     with tempfile.TemporaryDirectory(prefix="repro-bench-") as tmp:
         mp.start_processes(
             _torch_worker,
-            args=(k, find_free_network_port(), cfg, s, tmp, seed),
+            args=(k, find_free_network_port(), model, s, tmp, seed),
             nprocs=k,
             start_method="fork",
         )
