@@ -219,6 +219,7 @@ def _dm(corpus, folder, cache):
 
 
 OPTIM = {"lr": 3e-3, "warmup_steps": 1, "schedule": "constant"}
+WEIGHT_TOLERANCE = 3e-6  # pipeline against one process, final weights (see the test below)
 
 
 @pytest.mark.slow
@@ -247,12 +248,16 @@ def test_a_pipeline_trains_the_pretrained_model_as_one_process_does(name, stages
     one, piped = runs[0][0]["losses"], runs[1][-1]["losses"]
     assert len(one) == 3 and one == pytest.approx(piped, rel=1e-6)
     assert weights[0].keys() == weights[1].keys()
+    # Weights after 3 AdamW steps: float reassociation (micro-batches of 2 against the whole batch,
+    # other kernels per thread count) is amplified by Adam where a gradient is near zero. Measured
+    # worst cases: under 1e-6 on the earlier 2-core machine, 1.0e-6 (qwen2 K=4, a matrix) and 1.2e-6
+    # (gpt2 K=2, a bias) on an AVX-512 EPYC, where the per-step losses still agree within 1e-6.
     for n in weights[0]:
         a, b = weights[0][n], weights[1][n]
         if a.dim() >= 2:  # matrices: relative to their norm
-            assert float((a - b).norm() / a.norm()) < 1e-6, n
+            assert float((a - b).norm() / a.norm()) < WEIGHT_TOLERANCE, n
         else:  # norms' scales and biases (biases start at zero): absolute
-            assert float((a - b).abs().max()) < 1e-6, n
+            assert float((a - b).abs().max()) < WEIGHT_TOLERANCE, n
 
 
 def test_export_round_trips_through_from_pretrained_tied_as_one_tensor_untied_as_two(models, tmp_path):
