@@ -227,3 +227,49 @@ def mean_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tu
         return mean, mean, mean
     half = sp.t.ppf(0.5 + confidence / 2, n - 1) * statistics.stdev(values) / math.sqrt(n)
     return mean, mean - half, mean + half
+
+
+def probe_noise(
+    losses: Mapping[str, Sequence[float]], reference: str, targets: Sequence[float], holm_rows: int
+) -> dict[str, Any]:
+    """A noise probe's statistics: every row against ``reference`` paired by seed (mean, std of
+    the differences, p), their pooled std, and the seeds each target difference needs at 80 %
+    power at alpha and at alpha / ``holm_rows`` (Holm's strictest step)."""
+    ref = losses[reference]
+    rows, diffs = {}, []
+    for method, values in losses.items():
+        if method == reference:
+            continue
+        c = paired_comparison(values, ref)
+        diffs.append([a - b for a, b in zip(values, ref)])
+        rows[method] = {"mean": c.mean, "std": c.std, "p": c.p}
+    sd = pooled_std(diffs)
+    return {
+        "rows": rows,
+        "paired_diff_std": sd,
+        "seeds_needed": {
+            f"{t:g}": {
+                "alpha": seeds_needed(sd, t) if sd else None,
+                "alpha_over_m": seeds_needed(sd, t, alpha=ALPHA / holm_rows) if sd else None,
+            }
+            for t in targets
+        },
+    }
+
+
+def probe_cells(probe: Mapping[str, Any], others: Sequence[str], targets: Sequence[float]) -> list[str]:
+    """A probe's table cells after its own first columns: each row's paired difference, the seeds
+    each target needs, and the seconds per run."""
+    cells = []
+    for m in others:
+        r = probe["rows"].get(m)
+        if r is None:
+            cells.append("-")
+            continue
+        pv = "-" if r["p"] is None else f"{r['p']:.3g}"
+        cells.append(f"{r['mean']:+.4f} (sd {r['std'] or 0:.4f}, p {pv})")
+    for t in targets:
+        need = probe["seeds_needed"][f"{t:g}"]
+        cells.append(f"{need['alpha']}; {need['alpha_over_m']}")
+    cells.append(f"{probe['run_wall_s']:.0f}")
+    return cells

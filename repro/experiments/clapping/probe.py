@@ -26,7 +26,7 @@ from repro.files import table_head, write_report
 from repro.runs import Progress, train_all
 from repro.runs.model_config import load_model_config
 from repro.runs.provenance import provenance_header
-from repro.stats import ALPHA, paired_comparison, pooled_std, seeds_needed
+from repro.stats import probe_cells, probe_noise
 
 from .plan import base_spec, clapping_data_use, grid, plan_rows
 from .settings import EXPERIMENT_METHODS, ClappingSettings
@@ -112,12 +112,6 @@ def probe(
             loss.setdefault(row.method, []).append(result.final_val_loss)
             wall.append(result.wall_s)
         none = loss["none"]
-        row_stats, diffs = {}, []
-        for method in methods:
-            c = paired_comparison(loss[method], none)
-            diffs.append([a - b for a, b in zip(loss[method], none)])
-            row_stats[method] = {"mean": c.mean, "std": c.std, "p": c.p}
-        sd = pooled_std(diffs)
         probes.append(
             {
                 "steps": n,
@@ -126,16 +120,8 @@ def probe(
                 "seeds": list(settings.seeds),
                 "none_mean": statistics.fmean(none),
                 "none_std": statistics.stdev(none) if len(none) > 1 else None,
-                "rows": row_stats,
                 "losses": loss,
-                "paired_diff_std": sd,
-                "seeds_needed": {
-                    f"{t:g}": {
-                        "alpha": seeds_needed(sd, t) if sd else None,
-                        "alpha_over_m": seeds_needed(sd, t, alpha=ALPHA / holm_rows) if sd else None,
-                    }
-                    for t in TARGETS
-                },
+                **probe_noise(loss, "none", TARGETS, holm_rows),
                 "run_wall_s": statistics.fmean(wall),
             }
         )
@@ -168,16 +154,6 @@ def probe_markdown(doc: dict[str, Any]) -> str:
             f"{p['epochs']:.1f}",
             f"{p['none_mean']:.4f} +- {p['none_std'] or 0:.4f}",
         ]
-        for m in others:
-            r = p["rows"].get(m)
-            if r is None:
-                cells.append("-")
-                continue
-            pv = "-" if r["p"] is None else f"{r['p']:.3g}"
-            cells.append(f"{r['mean']:+.4f} (sd {r['std'] or 0:.4f}, p {pv})")
-        for t in TARGETS:
-            need = p["seeds_needed"][f"{t:g}"]
-            cells.append(f"{need['alpha']}; {need['alpha_over_m']}")
-        cells.append(f"{p['run_wall_s']:.0f}")
+        cells += probe_cells(p, others, TARGETS)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

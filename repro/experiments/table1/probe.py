@@ -22,7 +22,7 @@ from repro.alloc.allocation import allocate
 from repro.files import table_head, write_report
 from repro.runs import Progress, train_all
 from repro.runs.provenance import provenance_header
-from repro.stats import ALPHA, paired_comparison, pooled_std, seeds_needed
+from repro.stats import probe_cells, probe_noise
 
 from .plan import ROW_METHODS, make_plan
 from .settings import Table1Settings
@@ -76,14 +76,6 @@ def probe(
                 for method in rows
             }
             uniform = loss["uniform"]
-            row_stats, diffs = {}, []
-            for method in rows:
-                if method == "uniform":
-                    continue
-                c = paired_comparison(loss[method], uniform)
-                diffs.append([a - b for a, b in zip(loss[method], uniform)])
-                row_stats[method] = {"mean": c.mean, "std": c.std, "p": c.p}
-            sd = pooled_std(diffs)
             probes.append(
                 {
                     "arch": plan.arch,
@@ -91,16 +83,8 @@ def probe(
                     "seeds": list(settings.seeds),
                     "uniform_mean": statistics.fmean(uniform),
                     "uniform_std": statistics.stdev(uniform) if len(uniform) > 1 else None,
-                    "rows": row_stats,
                     "losses": loss,
-                    "paired_diff_std": sd,
-                    "seeds_needed": {
-                        f"{t:g}": {
-                            "alpha": seeds_needed(sd, t) if sd else None,
-                            "alpha_over_m": seeds_needed(sd, t, alpha=ALPHA / m) if sd else None,
-                        }
-                        for t in TARGETS
-                    },
+                    **probe_noise(loss, "uniform", TARGETS, m),
                     "run_wall_s": statistics.fmean(
                         results[specs[(plan.arch, n, mm, s)].key].wall_s
                         for mm in rows
@@ -129,16 +113,6 @@ def probe_markdown(doc: dict[str, Any]) -> str:
             str(p["steps"]),
             f"{p['uniform_mean']:.4f} +- {p['uniform_std'] or 0:.4f}",
         ]
-        for m in others:
-            r = p["rows"].get(m)
-            if r is None:
-                cells.append("-")
-                continue
-            pv = "-" if r["p"] is None else f"{r['p']:.3g}"
-            cells.append(f"{r['mean']:+.4f} (sd {r['std'] or 0:.4f}, p {pv})")
-        for t in TARGETS:
-            need = p["seeds_needed"][f"{t:g}"]
-            cells.append(f"{need['alpha']}; {need['alpha_over_m']}")
-        cells.append(f"{p['run_wall_s']:.0f}")
+        cells += probe_cells(p, others, TARGETS)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
