@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 
 import pytest
 import torch
@@ -105,6 +106,28 @@ def test_a_finished_run_is_reused_and_a_changed_one_is_not(tmp_path, data_cache)
     assert load_finished(spec(tmp_path, steps=3)) is None  # same name, other run: trained again
     (tmp_path / "run.json").write_text("{not json")
     assert load_finished(first) is None  # a damaged result is trained again
+
+
+def test_a_stop_signal_after_the_last_step_keeps_the_run_and_stops_the_experiment(
+    tmp_path, data_cache, monkeypatch
+):
+    """A stop signal that reaches a pipeline's launcher after its ranks' last step boundary (or
+    before its ranks exist) stops no step: the finished run is kept, and the experiment still stops
+    after it (it once went on to the next run as if nothing had come)."""
+    from repro.pipeline.lightning.compat import FullModelLauncher
+
+    original = FullModelLauncher.update_main_process_results
+
+    def signal_then_update(self, trainer, extra):
+        os.kill(os.getpid(), signal.SIGTERM)  # the launcher's stop handler records it; no rank is left
+        original(self, trainer, extra)
+
+    monkeypatch.setattr(FullModelLauncher, "update_main_process_results", signal_then_update)
+    late = spec(tmp_path, stages=2, pipeline={"method": "none"})
+    with pytest.raises(KeyboardInterrupt, match="finished as SIGTERM arrived; its result is kept"):
+        train_run(late, Slot("cpu", (), 1), str(data_cache), "gloo")
+    kept = load_finished(late)
+    assert kept is not None and kept.global_step == 6
 
 
 def test_an_experiment_owns_the_schedule_of_its_model_files(tmp_path):

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import time
 import warnings
 from pathlib import Path
@@ -197,12 +198,15 @@ def train_run(
         )
     except (ArgumentError, ConfigError) as exc:  # a config the experiment's overrides do not fit
         raise ValueError(f"run {spec.display}: {one_line(exc)}") from None
-    STOP.stopped = None
+    STOP.signum = STOP.stopped = None
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    if STOP.stopped is not None:  # a pipeline run stopped by a signal at a step boundary: not finished
+    if STOP.stopped is not None:  # stopped by a signal at a step boundary: not finished
         raise KeyboardInterrupt(
             f"run {spec.display} stopped by {STOP.stopped.name} after step {STOP.stopped.step}"
         )
+    # A stop signal that came after the last step boundary (or to the launcher before its ranks
+    # existed) stopped no step: the run finished and is kept, and the experiment stops after it.
+    late = STOP.signum
     partial = read_json(_partial_path(spec), "run record")
     result = RunResult(
         name=spec.name,
@@ -225,6 +229,10 @@ def train_run(
     )
     save_result(spec, result)
     _partial_path(spec).unlink(missing_ok=True)
+    if late is not None:
+        raise KeyboardInterrupt(
+            f"run {spec.display} finished as {signal.Signals(late).name} arrived; its result is kept"
+        )
     return result
 
 
