@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import lightning as L
 import torch
@@ -39,6 +39,20 @@ class StepTiming:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class TimingJob:
+    """What a timing trains: the model and optimizer, the batches (already on ``device``), the
+    untimed first steps, torch.compile (False or a backend) and bf16 autocast."""
+
+    cfg: GPTConfig
+    optim: OptimConfig
+    batches: list[dict[str, torch.Tensor]]
+    device: torch.device
+    warmup: int
+    compile: bool | str = False
+    bf16: bool = False
 
 
 def training_flops_per_step(cfg: GPTConfig, batch_size: int, block_size: int) -> float:
@@ -71,6 +85,11 @@ def synthetic_batches(
     return out
 
 
+def astuple_shallow(job: TimingJob) -> tuple:
+    """The job's fields in order (``dataclasses.astuple`` would deep-copy the batches)."""
+    return tuple(getattr(job, f.name) for f in fields(job))
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -81,17 +100,10 @@ def _timing(path, compiled, device, start, warm, end, steps, tokens) -> StepTimi
     return StepTiming(path, compiled, (end - warm) / steps, tokens * steps / (end - warm), warm - start, peak)
 
 
-def plain_loop_timing(
-    cfg: GPTConfig,
-    optim: OptimConfig,
-    batches: list[dict[str, torch.Tensor]],
-    device: torch.device,
-    warmup: int,
-    compile: bool,
-    bf16: bool,
-) -> StepTiming:
+def plain_loop_timing(job: TimingJob) -> StepTiming:
     """The plain loop: forward under bf16 autocast (on CUDA), backward, clip, fused AdamW on CUDA,
     zero_grad. Steps ``warmup`` batches untimed, then times the rest."""
+    cfg, optim, batches, device, warmup, compile, bf16 = astuple_shallow(job)
     torch.manual_seed(0)
     module = GPTLightningModule(cfg, optim, compile=compile).to(device)
     optimizer = module.configure_optimizers()["optimizer"]
@@ -139,17 +151,10 @@ class _WindowClock(L.Callback):
         self.marks["end"] = time.perf_counter()
 
 
-def lightning_timing(
-    cfg: GPTConfig,
-    optim: OptimConfig,
-    batches: list[dict[str, torch.Tensor]],
-    device: torch.device,
-    warmup: int,
-    compile: bool,
-    bf16: bool,
-) -> StepTiming:
+def lightning_timing(job: TimingJob) -> StepTiming:
     """The suite's path: GPTLightningModule under a Trainer (no logger, no progress bar, no
     validation), bf16-mixed on CUDA, clipping 1.0, the module's optimizer."""
+    cfg, optim, batches, device, warmup, compile, bf16 = astuple_shallow(job)
     torch.manual_seed(0)
     module = GPTLightningModule(cfg, optim, compile=compile)
     clock = _WindowClock(warmup, device)
@@ -193,7 +198,7 @@ def measure_step_time(config_path: str, device: torch.device, warmup: int = 3, t
     vocab = int(config.data.get("vocab_size") or 256)
     batches = synthetic_batches(vocab, config.batch_size, config.block_size, warmup + timed, device)
     compile = config.value("model.compile") or False
-    timing = lightning_timing(
+    job = TimingJob(
         config.gpt_config(vocab),
         OptimConfig(**config.optim),
         batches,
@@ -202,4 +207,4 @@ def measure_step_time(config_path: str, device: torch.device, warmup: int = 3, t
         compile,
         device.type == "cuda",
     )
-    return timing.step_s
+    return lightning_timing(job).step_s

@@ -16,6 +16,7 @@ import torch
 from repro.lit import OptimConfig
 from repro.runs.model_config import load_model_config
 from repro.runs.step_time import (
+    TimingJob,
     lightning_timing,
     peak_tflops,
     plain_loop_timing,
@@ -63,17 +64,9 @@ def bench_compile(s: BenchSettings, progress: Callable[[str], None]) -> list[dic
                 progress(f"compile: {name} {label} on {device.type}, repeat {r + 1} of {s.compile_repeats}")
                 torch._dynamo.reset()
                 measure = plain_loop_timing if kind == "plain" else lightning_timing
-                timings[(kind, compiled)].append(
-                    measure(
-                        cfg,
-                        optim,
-                        batches,
-                        device,
-                        s.compile_warmup_steps,
-                        s.compile_backend if compiled else False,
-                        bf16=cuda,
-                    )
-                )
+                backend = s.compile_backend if compiled else False
+                job = TimingJob(cfg, optim, batches, device, s.compile_warmup_steps, backend, bf16=cuda)
+                timings[(kind, compiled)].append(measure(job))
         reference = timings[("plain", True)]
         for (kind, compiled), runs in timings.items():
             label = f"{name} {kind} {'compiled' if compiled else 'eager'}"

@@ -19,8 +19,8 @@ import torch
 
 from repro.runs.build import make_trainer
 
-from .measure import pairwise, row
-from .pipeline_sections import OURS, TORCH
+from .measure import row
+from .pipeline_sections import versus_torch_rows
 from .pipelines import clapping_run, torch_pipelining_run
 from .settings import BenchSettings
 from .single_process import CLIP, _PairedPlainSteps, lightning_rows
@@ -146,30 +146,5 @@ def hf_pipeline_rows(folder: Path, s: BenchSettings, progress: Callable[[str], N
             )
             ours.append(clapping_run(folder, s, k, seed=r))
             ref.append(torch_pipelining_run(folder, s, k, seed=r))
-        ours_tps = [tokens / x["step_s"] for x in ours]
-        ref_tps = [tokens / x["step_s"] for x in ref]
-        rows.append(
-            row(
-                "hf",
-                f"HF Llama {TORCH} K={k}",
-                "throughput",
-                "tokens/s",
-                ref_tps,
-                extra={"stages": k, "peak_rss_max": max(max(x["peak_rss"]) for x in ref)},
-            )
-        )
-        rows.append(
-            row(
-                "hf",
-                f"HF Llama {OURS} K={k}",
-                "throughput",
-                "tokens/s",
-                ours_tps,
-                reference=f"HF Llama {TORCH} K={k}",
-                ratios=pairwise(ours_tps, ref_tps),
-                ratio_meaning="tokens/s of ours / tokens/s of torch.distributed.pipelining, same HF model",
-                goal=1.0,
-                extra={"stages": k, "peak_rss_max": max(max(x["peak_rss"]) for x in ours)},
-            )
-        )
+        rows += versus_torch_rows("hf", "HF Llama ", k, tokens, ours, ref, ", same HF model")
     return rows

@@ -16,6 +16,35 @@ OURS = "clapping none+identity"
 TORCH = "torch.distributed.pipelining GPipe"
 
 
+def versus_torch_rows(
+    section: str, model: str, k: int, tokens: int, ours: list[dict], ref: list[dict], same: str = ""
+) -> list[dict[str, Any]]:
+    """torch.distributed.pipelining's throughput at K stages, and ours against it (goal >= 1.0);
+    ``model`` prefixes the labels, ``same`` ends the ratio's meaning."""
+    ours_tps = [tokens / x["step_s"] for x in ours]
+    ref_tps = [tokens / x["step_s"] for x in ref]
+
+    def peak(runs: list[dict]) -> dict[str, Any]:
+        return {"stages": k, "peak_rss_max": max(max(x["peak_rss"]) for x in runs)}
+
+    torch_label = f"{model}{TORCH} K={k}"
+    return [
+        row(section, torch_label, "throughput", "tokens/s", ref_tps, extra=peak(ref)),
+        row(
+            section,
+            f"{model}{OURS} K={k}",
+            "throughput",
+            "tokens/s",
+            ours_tps,
+            reference=torch_label,
+            ratios=pairwise(ours_tps, ref_tps),
+            ratio_meaning="tokens/s of ours / tokens/s of torch.distributed.pipelining" + same,
+            goal=1.0,
+            extra=peak(ours),
+        ),
+    ]
+
+
 def bench_pipeline(
     s: BenchSettings, progress: Callable[[str], None], store: dict[str, Any]
 ) -> list[dict[str, Any]]:
@@ -37,32 +66,8 @@ def bench_pipeline(
     one_tps = [tokens / t for t in one]
     rows = [row("pipeline", "one process (Lightning, all cores)", "throughput", "tokens/s", one_tps)]
     for k in s.stages:
+        rows += versus_torch_rows("pipeline", "", k, tokens, ours[k], ref[k])
         ours_tps = [tokens / x["step_s"] for x in ours[k]]
-        ref_tps = [tokens / x["step_s"] for x in ref[k]]
-        rows.append(
-            row(
-                "pipeline",
-                f"{TORCH} K={k}",
-                "throughput",
-                "tokens/s",
-                ref_tps,
-                extra={"stages": k, "peak_rss_max": max(max(x["peak_rss"]) for x in ref[k])},
-            )
-        )
-        rows.append(
-            row(
-                "pipeline",
-                f"{OURS} K={k}",
-                "throughput",
-                "tokens/s",
-                ours_tps,
-                reference=f"{TORCH} K={k}",
-                ratios=pairwise(ours_tps, ref_tps),
-                ratio_meaning="tokens/s of ours / tokens/s of torch.distributed.pipelining",
-                goal=1.0,
-                extra={"stages": k, "peak_rss_max": max(max(x["peak_rss"]) for x in ours[k])},
-            )
-        )
         rows.append(
             row(
                 "pipeline",

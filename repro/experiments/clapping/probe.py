@@ -22,11 +22,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from repro.files import table_head, write_report
+from repro.files import write_report
 from repro.runs import Progress, train_all
 from repro.runs.model_config import load_model_config
 from repro.runs.provenance import provenance_header
-from repro.stats import probe_cells, probe_noise
+from repro.stats import probe_noise, probe_table
 
 from .plan import base_spec, clapping_data_use, grid, plan_rows
 from .settings import EXPERIMENT_METHODS, ClappingSettings
@@ -138,22 +138,20 @@ def probe(
 
 
 def probe_markdown(doc: dict[str, Any]) -> str:
-    others = sorted({m for p in doc["probes"] for m in p["rows"]})
-    head = ["steps", "N", "epochs", "none val loss"] + [f"{m} vs none (sd of diffs, p)" for m in others]
-    head += [f"seeds for {t:g} (alpha; /m)" for t in TARGETS] + ["s per run"]
-    title = (
+    prefix = (
         f"Fine-tune noise probe, scale {doc['scale']}, commit {doc['git_commit'][:7]}, compressor "
-        f"{doc['compressor']} (Clapping p {doc['p']:g}): each row against none, paired by seed; seeds needed at "
-        f"80 % power for a paired t-test at alpha and at alpha / {doc['holm_rows']} (Holm's strictest step)."
+        f"{doc['compressor']} (Clapping p {doc['p']:g})"
     )
-    lines = table_head(title, head)
-    for p in doc["probes"]:
-        cells = [
+    return probe_table(
+        prefix,
+        "none",
+        doc,
+        ["steps", "N", "epochs", "none val loss"],
+        lambda p: [
             str(p["steps"]),
             str(p["N"]),
             f"{p['epochs']:.1f}",
             f"{p['none_mean']:.4f} +- {p['none_std'] or 0:.4f}",
-        ]
-        cells += probe_cells(p, others, TARGETS)
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        ],
+        TARGETS,
+    )

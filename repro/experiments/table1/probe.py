@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from repro.alloc.allocation import allocate
-from repro.files import table_head, write_report
+from repro.files import write_report
 from repro.runs import Progress, train_all
 from repro.runs.provenance import provenance_header
-from repro.stats import probe_cells, probe_noise
+from repro.stats import probe_noise, probe_table
 
 from .plan import ROW_METHODS, make_plan
 from .settings import Table1Settings
@@ -98,21 +98,15 @@ def probe(
 
 
 def probe_markdown(doc: dict[str, Any]) -> str:
-    others = sorted({m for p in doc["probes"] for m in p["rows"]})
-    head = ["arch", "steps", "uniform val loss"] + [f"{m} vs uniform (sd of diffs, p)" for m in others]
-    head += [f"seeds for {t:g} (alpha; /m)" for t in TARGETS] + ["s per run"]
-    title = (
-        f"Noise probe, scale {doc['scale']}, commit {doc['git_commit'][:7]}: each row against uniform, paired "
-        f"by seed; seeds needed at 80 % power for a paired t-test at alpha and at alpha / {doc['holm_rows']} "
-        f"(Holm's strictest step)."
-    )
-    lines = table_head(title, head)
-    for p in doc["probes"]:
-        cells = [
+    return probe_table(
+        f"Noise probe, scale {doc['scale']}, commit {doc['git_commit'][:7]}",
+        "uniform",
+        doc,
+        ["arch", "steps", "uniform val loss"],
+        lambda p: [
             p["arch"].upper(),
             str(p["steps"]),
             f"{p['uniform_mean']:.4f} +- {p['uniform_std'] or 0:.4f}",
-        ]
-        cells += probe_cells(p, others, TARGETS)
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        ],
+        TARGETS,
+    )
