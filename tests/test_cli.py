@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 import torch
 import yaml
 
+from repro.cli import main as repro_main
 from repro.lit.tensorboard_scalars import read_scalars
 
 from conftest import MODELS
@@ -23,6 +25,18 @@ def repro_command() -> list[str]:
 
 def run_repro(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run(repro_command() + args, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def validate_in_process(args: list[str], cwd: Path) -> None:
+    """`repro validate` through repro.cli.main in this process (the fit before it ran the script)."""
+    previous = Path.cwd()
+    os.chdir(cwd)
+    try:
+        with pytest.raises(SystemExit) as ended:
+            repro_main(args)
+    finally:
+        os.chdir(previous)
+    assert ended.value.code == 0, args
 
 
 @pytest.mark.slow
@@ -47,18 +61,20 @@ def test_fit_then_validate_from_a_config(config, tmp_path, data_cache):
     ckpt = torch.load(run_dir / "checkpoints" / "final.ckpt", weights_only=False, map_location="cpu")
     assert ckpt["global_step"] == 20
 
-    validate = run_repro(
+    validate_in_process(
         ["validate", *common, f"--ckpt_path={run_dir / 'checkpoints' / 'final.ckpt'}"], tmp_path
     )
-    assert validate.returncode == 0, validate.stderr[-3000:]
     reval = read_scalars(tmp_path / "logs" / name / "version_1")["val/loss"][0][1]
     assert reval == pytest.approx(val_loss_at_end, rel=1e-5)  # the checkpoint is the trained model
 
 
-def test_print_config_shows_per_layer_rope_widths(tmp_path):
-    out = run_repro(["fit", "--config", str(MODELS / "smoke" / "gpt_mha.yaml"), "--print_config"], tmp_path)
-    assert out.returncode == 0, out.stderr[-2000:]
-    printed = yaml.safe_load(out.stdout)
+def test_print_config_shows_per_layer_rope_widths(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as ended:
+        repro_main(["fit", "--config", str(MODELS / "smoke" / "gpt_mha.yaml"), "--print_config"])
+    out = capsys.readouterr()
+    assert ended.value.code in (0, None), out.err[-2000:]
+    printed = yaml.safe_load(out.out)
     assert printed["model"]["gpt"]["rope_dims"] == [16, 4, 4]
     assert printed["data"]["block_size"] == 64
     assert printed["trainer"]["precision"] is None  # chosen at run time: 32-true on CPU, bf16-mixed on GPU
@@ -73,20 +89,21 @@ def test_print_config_shows_per_layer_rope_widths(tmp_path):
         ("--model.gpt.rope_convention=yarn", "yarn"),
     ],
 )
-def test_bad_model_config_fails_before_anything_is_built(override, message, tmp_path):
-    out = run_repro(
-        [
-            "fit",
-            "--config",
-            str(MODELS / "smoke" / "gpt_mha.yaml"),
-            override,
-            f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}",
-            f"--data.cache_dir={tmp_path / 'cache'}",
-        ],
-        tmp_path,
-    )
-    assert out.returncode != 0
-    assert message in out.stderr
+def test_bad_model_config_fails_before_anything_is_built(override, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # in this process (the script's own run is tested above)
+    with pytest.raises(SystemExit) as ended:
+        repro_main(
+            [
+                "fit",
+                "--config",
+                str(MODELS / "smoke" / "gpt_mha.yaml"),
+                override,
+                f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}",
+                f"--data.cache_dir={tmp_path / 'cache'}",
+            ]
+        )
+    assert ended.value.code != 0
+    assert message in capsys.readouterr().err
     assert not (tmp_path / "logs").exists() and not (tmp_path / "cache").exists()
 
 
@@ -159,7 +176,7 @@ def test_pipeline_fit_from_the_cli_then_single_process_validate_of_its_checkpoin
     ratio = scalars["pipe/compression_ratio"][-1][1]
     assert 0.1 < ratio < 0.3  # quant(4) forward, quant(8) backward: about 1/8 and 1/4 of fp32, plus scales
     val_loss = scalars["val/loss"][-1][1]
-    validate = run_repro(
+    validate_in_process(
         [
             "validate",
             "--config",
@@ -171,6 +188,5 @@ def test_pipeline_fit_from_the_cli_then_single_process_validate_of_its_checkpoin
         ],
         tmp_path,
     )
-    assert validate.returncode == 0, validate.stderr[-3000:]
     reval = read_scalars(tmp_path / "logs" / "smoke_pipeline" / "version_1")["val/loss"][0][1]
     assert reval == pytest.approx(val_loss, rel=1e-4)

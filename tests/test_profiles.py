@@ -14,6 +14,7 @@ from repro.alloc.budget import default_levels
 from repro.alloc.coverage_profile import CoverageProfileSettings, coverage_benefit_profile, pair_benefits
 from repro.alloc.phase_off_profile import phase_off_values
 from repro.alloc.profile import LayerProfile
+from repro.cli import main as repro_main
 from repro.lit.checkpoints import load_checked_model
 from repro.models import GPTConfig
 from repro.models.gpt import GPT
@@ -148,7 +149,7 @@ def repro(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_cli_chain_profile_allocate_transfer_account_fit(tmp_path, data_cache):
+def test_cli_chain_profile_allocate_transfer_account_fit(tmp_path, data_cache, capsys, monkeypatch):
     """From the CLI alone: profile the smoke model both ways, transfer to the 6-layer member,
     allocate with every method, account, analyze, and train an allocated config."""
     smoke, target = str(MODELS / "smoke" / "gpt_mha.yaml"), str(MODELS / "smoke" / "gpt_mha_6_layers.yaml")
@@ -195,9 +196,11 @@ def test_cli_chain_profile_allocate_transfer_account_fit(tmp_path, data_cache):
         ["account", "--config", target, "--allocation", "alloc.json", "--out", "acc.json"],
         ["analyze", "--benefit", "cov.json", "--phase-off", "po.json", "--out", "an.json"],
     ]
-    for args in steps:
-        out = repro(args, tmp_path)
-        assert out.returncode == 0, (args, out.stderr[-3000:])
+    monkeypatch.chdir(tmp_path)
+    for args in steps:  # in this process (repro.cli.main with the command line); the fit below is the script
+        with pytest.raises(SystemExit) as ended:
+            repro_main(args)
+        assert ended.value.code == 0, (args, capsys.readouterr().err[-3000:])
     cov, po, tr = (LayerProfile.load(tmp_path / f) for f in ("cov.json", "po.json", "tr.json"))
     assert (cov.kind, po.kind, tr.kind) == ("coverage_benefit", "phase_off", "transferred")
     assert cov.n_layer == po.n_layer == 3 and tr.n_layer == 6
@@ -302,7 +305,7 @@ def test_cli_chain_profile_allocate_transfer_account_fit(tmp_path, data_cache):
         ),
     ],
 )
-def test_cli_bad_input(args, message, tmp_path):
+def test_cli_bad_input(args, message, tmp_path, capsys, monkeypatch):
     LayerProfile("coverage_benefit", [0.1, 0.2, 0.3]).save(tmp_path / "three.json")
     (tmp_path / "nan.json").write_text('{"kind": "coverage_benefit", "values": [0.1, NaN, 0.2]}')
     (tmp_path / "empty.json").write_text('{"kind": "coverage_benefit", "values": []}')
@@ -314,9 +317,11 @@ def test_cli_bad_input(args, message, tmp_path):
         "empty": str(tmp_path / "empty.json"),
         "missing": str(tmp_path / "missing.ckpt"),
     }
-    out = repro([a.format(**subs) for a in args], tmp_path)
-    assert out.returncode == 2
-    assert message in out.stderr
+    monkeypatch.chdir(tmp_path)  # in this process: the command line is parsed as the script's would be
+    with pytest.raises(SystemExit) as ended:
+        repro_main([a.format(**subs) for a in args])
+    assert ended.value.code == 2
+    assert message in capsys.readouterr().err
     assert not any((tmp_path / f).exists() for f in ("a.json", "t.json", "p.json"))
 
 
