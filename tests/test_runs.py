@@ -130,6 +130,44 @@ def test_a_stop_signal_after_the_last_step_keeps_the_run_and_stops_the_experimen
     assert kept is not None and kept.global_step == 6
 
 
+def test_a_pipeline_run_whose_stages_draw_their_own_weights_is_the_run_of_a_model_built_whole(
+    tmp_path, data_cache, monkeypatch
+):
+    """The engine builds a pipeline run's GPT on meta and each rank draws only its stage's seed-built
+    weights: the losses and final weights are bitwise those of the same run with the model built
+    whole in the launching process (as it was before)."""
+    from repro.models.deferred_init import deferring
+    from repro.models.gpt import GPT
+    from repro.runs.build import _EngineCLI
+
+    built = GPT.build.__func__
+    on_meta: list[bool] = []
+
+    def recording_build(cls, config):
+        model = built(cls, config)
+        on_meta.append(not model.is_materialized)
+        return model
+
+    monkeypatch.setattr(GPT, "build", classmethod(recording_build))
+    deferred = train_run(
+        spec(tmp_path / "deferred", stages=2, pipeline={"method": "none"}, save_checkpoint=True),
+        Slot("cpu", (), 1),
+        str(data_cache),
+        "gloo",
+    )
+    monkeypatch.setattr(_EngineCLI, "builds_stages", lambda self: False)
+    whole = train_run(
+        spec(tmp_path / "whole", stages=2, pipeline={"method": "none"}, save_checkpoint=True),
+        Slot("cpu", (), 1),
+        str(data_cache),
+        "gloo",
+    )
+    assert on_meta == [True, False] and not deferring()  # the launching process never drew the weights
+    assert deferred.val_curve == whole.val_curve
+    a, b = (torch.load(r.checkpoint, weights_only=False)["state_dict"] for r in (deferred, whole))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_an_experiment_owns_the_schedule_of_its_model_files(tmp_path):
     text = TABLE1_MODEL.read_text()
     assert load_model_config(TABLE1_MODEL).check_trainable_by_experiment("target") is None

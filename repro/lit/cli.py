@@ -11,6 +11,7 @@ field or the file).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 
@@ -21,6 +22,7 @@ from repro.config_errors import one_line
 from repro.data import TextDataModule
 from repro.data.datamodule import ExistingPath
 from repro.models import GPTConfig
+from repro.models.deferred_init import deferred_init
 from repro.models.hf_causal_lm import HFModelError, model_folder, num_layers, read_config
 from repro.pipeline.options import PipelineOptions
 
@@ -83,6 +85,12 @@ def _gpt_fields(gpt) -> dict:
     return dict(gpt.as_dict() if hasattr(gpt, "as_dict") else gpt)
 
 
+def _is_pipeline(strategy) -> bool:
+    """Whether a trainer.strategy value of a config (a name or a class_path mapping) is the clapping strategy."""
+    name = strategy if isinstance(strategy, str) else (strategy or {}).get("class_path", "")
+    return "clapping" in str(name).lower()
+
+
 class ReproCLI(LightningCLI):
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("model_class", GPTLightningModule)
@@ -133,10 +141,9 @@ class ReproCLI(LightningCLI):
         torchrun) as many processes as torchrun started."""
         trainer, gpt = config.get("trainer") or {}, config.get("model", {}).get("gpt")
         strategy = trainer.get("strategy")
-        name = strategy if isinstance(strategy, str) else (strategy or {}).get("class_path", "")
         devices, nodes = trainer.get("devices"), trainer.get("num_nodes") or 1
         devices = int(devices) if isinstance(devices, str) and devices.isdigit() else devices
-        if "clapping" not in str(name).lower() or not isinstance(devices, int):
+        if not _is_pipeline(strategy) or not isinstance(devices, int):
             return
         processes = devices * nodes
         check_external_launch(processes, devices, nodes)
@@ -178,11 +185,18 @@ class ReproCLI(LightningCLI):
         return trainer
 
     def instantiate_classes(self) -> None:
-        """Build the data, model and trainer; a value that a class refuses is a one-line error."""
+        """Build the data, model and trainer; a value that a class refuses is a one-line error. For
+        a pipeline the suite's GPT is built on meta: each rank draws only its own stage's weights."""
         try:
-            super().instantiate_classes()
+            with deferred_init() if self.builds_stages() else contextlib.nullcontext():
+                super().instantiate_classes()
         except (ValueError, TypeError, FileNotFoundError) as exc:
             raise ConfigError(one_line(exc)) from None
+
+    def builds_stages(self) -> bool:
+        """Whether the trainer of this config cuts the model into pipeline stages."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        return _is_pipeline((config.get("trainer") or {}).get("strategy"))
 
     @staticmethod
     def _check_model_config(config) -> None:

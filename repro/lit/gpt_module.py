@@ -139,7 +139,7 @@ class GPTLightningModule(L.LightningModule):
         self.gpt_config = gpt
         self.optim_config = optim or OptimConfig()
         self.save_hyperparameters({"gpt": asdict(gpt), "optim": asdict(self.optim_config)})
-        self.model = GPT(gpt)
+        self.model = GPT.build(gpt)  # on meta when built for a pipeline: each stage draws its own weights
         if self.compile_backend:
             self.model.compile(backend=self.compile_backend)  # in place: parameter names unchanged
         self.eval_loss = MeanMetric()  # token-weighted mean next-token loss of an evaluation
@@ -164,9 +164,20 @@ class GPTLightningModule(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         """Fine-tuning: a fit starts from ``init_checkpoint``'s weights (a resumed fit then restores its
-        own checkpoint over them)."""
+        own checkpoint over them). A model built deferred draws its weights here, unless a pipeline
+        strategy draws each stage's on its rank."""
+        from repro.pipeline.lightning import ClappingStrategy
+
         if stage == "fit" and self.init_checkpoint:
             self.load_weights(self.init_checkpoint)
+        if self._trainer is None or not isinstance(self.trainer.strategy, ClappingStrategy):
+            self.model.materialize()
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """A state dict into a model still on meta (the launching process of a pipeline, whose ranks
+        drew the weights) draws the model first, then copies the state over it."""
+        self.model.materialize()
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def load_weights(self, path: str) -> None:
         """The model weights of a checkpoint of the same architecture (every differing field named)."""
@@ -176,6 +187,7 @@ class GPTLightningModule(L.LightningModule):
             raise ValueError(f"model.init_checkpoint={path!r}: not a repro GPT checkpoint")
         check_checkpoint_matches(saved, self.gpt_config, path)
         state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+        self.model.materialize()  # a deferred model (a pipeline's) is drawn whole, then overwritten
         self.model.load_state_dict(state)
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor | None:

@@ -17,6 +17,7 @@ from torch import nn
 
 from .attention import FixedWidthAttention, LatentAttention, build_attention
 from .config import GPTConfig
+from .deferred_init import InitTrace, deferring, parameter_names
 
 
 class MLP(nn.Module):
@@ -68,6 +69,38 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("o_proj.weight") or name.endswith("down_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=residual_std)
+
+    @classmethod
+    def build(cls, config: GPTConfig) -> GPT:
+        """``GPT(config)``; inside :func:`repro.models.deferred_init.deferred_init`, the same model on
+        the meta device, its weights drawn by :meth:`materialize` (bit for bit those of ``GPT(config)``
+        built here, and the random state after it the same)."""
+        if not deferring():
+            return cls(config)
+        model, trace = InitTrace.build(lambda: cls(config))
+        model.init_trace = trace
+        return model
+
+    @property
+    def is_materialized(self) -> bool:
+        return not any(p.is_meta for p in self.parameters())
+
+    def materialize(self, parts: Iterable[nn.Module] | None = None) -> None:
+        """Draw the weights of ``parts`` (submodules; None = all) of a deferred model that are still on
+        meta; a model built whole is left as it is."""
+        trace = getattr(self, "init_trace", None)
+        if trace is None:
+            return
+        wanted = None if parts is None else parameter_names(self, parts)
+        meta = {
+            n
+            for n, p in self.named_parameters(remove_duplicate=False)
+            if p.is_meta and (wanted is None or n in wanted)
+        }
+        if meta:  # only what is still on meta: drawn weights (and a stage's freed parts) stay as they are
+            trace.materialize(self, meta.__contains__)
+        if self.is_materialized:
+            self.init_trace = None
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, nn.Linear):

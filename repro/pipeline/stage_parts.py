@@ -75,6 +75,10 @@ class GPTStages:
             last=ModelPart({"norm_f": gpt.norm_f, "lm_head": gpt.lm_head}, gpt.head),
         )
 
+    def materialize(self, modules: list[nn.Module]) -> None:
+        """A GPT built deferred (on meta) draws its seed-built weights of these parts only."""
+        self.gpt.materialize(modules)
+
     def input(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return batch["input_ids"]
 

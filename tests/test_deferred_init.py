@@ -1,0 +1,96 @@
+"""A GPT built on meta and drawn later, part by part: the drawn weights and the random state after
+the build are bitwise those of ``GPT(config)``, a stage draws only its own parts (the others are
+never allocated), and a constructor the replay cannot follow is refused, naming what it ran."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from repro.models import GPTConfig
+from repro.models.deferred_init import InitTrace, deferred_init
+from repro.models.gpt import GPT
+from repro.pipeline.stage_parts import GPTStages, StageSplit, layers_per_stage
+
+CONFIGS = {
+    "mha_gqa": dict(attention="mha", rope_dims=[16, 8, 0, 16], n_kv_head=2),
+    "mla_low_rank_q": dict(attention="mla", q_lora_rank=16, qk_rope_head_dim=[8, 0, 4, 8]),
+    "untied_gelu_bias": dict(tie_embeddings=False, mlp="gelu", bias=True),
+}
+
+
+def config(name: str) -> GPTConfig:
+    return GPTConfig(vocab_size=300, n_layer=4, n_embd=64, n_head=4, **CONFIGS[name])
+
+
+def built_whole_and_deferred(cfg: GPTConfig) -> tuple[GPT, torch.Tensor, GPT, torch.Tensor]:
+    torch.manual_seed(11)
+    whole = GPT(cfg)
+    after_whole = torch.randn(4)  # what the process draws next
+    torch.manual_seed(11)
+    with deferred_init():
+        deferred = GPT.build(cfg)
+    return whole, after_whole, deferred, torch.randn(4)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_a_deferred_gpt_draws_the_weights_of_the_gpt_built_whole_and_leaves_the_random_state_as_it(name):
+    cfg = config(name)
+    whole, after_whole, deferred, after_deferred = built_whole_and_deferred(cfg)
+    assert torch.equal(after_whole, after_deferred)
+    assert all(p.is_meta for p in deferred.parameters()) and not deferred.is_materialized
+    deferred.materialize()
+    assert deferred.is_materialized
+    expected = dict(whole.named_parameters(remove_duplicate=False))
+    for name_, p in deferred.named_parameters(remove_duplicate=False):
+        assert torch.equal(p, expected[name_]), name_
+    assert (deferred.lm_head.weight is deferred.wte.weight) == cfg.tie_embeddings
+    ids = torch.randint(0, cfg.vocab_size, (2, 16))
+    assert torch.equal(deferred(ids), whole(ids))
+
+
+def test_a_stage_draws_only_its_own_parts_and_the_others_are_never_allocated():
+    cfg = config("mha_gqa")  # tied: the embedding is on stage 0 and on the last stage
+    whole, _, deferred, _ = built_whole_and_deferred(cfg)
+    parts = GPTStages(deferred).parts()
+    split = StageSplit(1, 2, layers_per_stage(4, 2), parts)
+    GPTStages(deferred).materialize(split.modules_of(1))
+    mine = {id(p) for m in split.modules_of(1) for p in m.parameters()}
+    expected = dict(whole.named_parameters(remove_duplicate=False))
+    for name, p in deferred.named_parameters(remove_duplicate=False):
+        assert p.is_meta == (id(p) not in mine), name
+        if not p.is_meta:
+            assert torch.equal(p, expected[name]), name
+    assert deferred.lm_head.weight is deferred.wte.weight  # still one tied parameter
+    drawn = deferred.blocks[3].mlp.up_proj.weight
+    deferred.materialize(split.modules_of(1))  # again: what is drawn stays (an optimizer may hold it)
+    assert deferred.blocks[3].mlp.up_proj.weight is drawn
+    assert deferred.blocks[0].mlp.up_proj.weight.is_meta
+
+
+def test_a_gpt_built_outside_deferred_init_is_built_whole():
+    model = GPT.build(config("mha_gqa"))
+    assert model.is_materialized
+    model.materialize()  # nothing to draw
+    assert model.is_materialized
+
+
+class _RandomOutOfPlace(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3, 3))
+
+
+class _WithBuffer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+        self.register_buffer("scale", torch.ones(2))
+
+
+def test_a_constructor_the_replay_cannot_follow_is_refused_naming_it():
+    with pytest.raises(NotImplementedError, match=r"runs aten\.randn"):
+        InitTrace.build(_RandomOutOfPlace)
+    with pytest.raises(NotImplementedError, match="buffers"):
+        InitTrace.build(_WithBuffer)
