@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
 from scipy import stats as sp
-
-from repro.files import table_head
 
 ALPHA = 0.05  # significance level of the tests (two-sided) and of Holm's correction
 CONFIDENCE = 0.95  # level of the confidence intervals
@@ -257,30 +255,6 @@ def probe_noise(
             for t in targets
         },
     }
-
-
-def probe_table(
-    prefix: str,
-    reference: str,
-    doc: Mapping[str, Any],
-    lead_heads: Sequence[str],
-    lead: Callable[[Mapping[str, Any]], list[str]],
-    targets: Sequence[float],
-) -> str:
-    """A noise probe's markdown: its title (``prefix``, then what every probe says), each probe's
-    own first columns (``lead_heads``, cells from ``lead``), then each row against ``reference``,
-    the seeds each target needs and the seconds per run."""
-    probes = doc["probes"]
-    others = sorted({m for p in probes for m in p["rows"]})
-    head = [*lead_heads, *(f"{m} vs {reference} (sd of diffs, p)" for m in others)]
-    head += [f"seeds for {t:g} (alpha; /m)" for t in targets] + ["s per run"]
-    title = (
-        f"{prefix}: each row against {reference}, paired by seed; seeds needed at 80 % power for a paired "
-        f"t-test at alpha and at alpha / {doc['holm_rows']} (Holm's strictest step)."
-    )
-    lines = table_head(title, head)
-    lines += ["| " + " | ".join([*lead(p), *probe_cells(p, others, targets)]) + " |" for p in probes]
-    return "\n".join(lines) + "\n"
 
 
 def probe_cells(probe: Mapping[str, Any], others: Sequence[str], targets: Sequence[float]) -> list[str]:

@@ -22,11 +22,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from repro.experiments.probe_report import probe_table
 from repro.files import write_report
 from repro.runs import Progress, train_all
 from repro.runs.model_config import load_model_config
 from repro.runs.provenance import provenance_header
-from repro.stats import probe_noise, probe_table
+from repro.stats import probe_noise
 
 from .plan import base_spec, clapping_data_use, grid, plan_rows
 from .settings import EXPERIMENT_METHODS, ClappingSettings

@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from repro.alloc.allocation import allocate
+from repro.experiments.probe_report import probe_table
 from repro.files import write_report
 from repro.runs import Progress, train_all
 from repro.runs.provenance import provenance_header
-from repro.stats import probe_noise, probe_table
+from repro.stats import probe_noise
 
 from .plan import ROW_METHODS, make_plan
 from .settings import Table1Settings
