@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from repro.experiments.probe_report import probe_table
+from repro.experiments.kit.probe_report import probe_table
 from repro.files import write_report
 from repro.runs import Progress, train_all
 from repro.runs.model_config import load_model_config

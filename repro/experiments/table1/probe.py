@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from repro.alloc.allocation import allocate
-from repro.experiments.probe_report import probe_table
+from repro.experiments.kit.probe_report import probe_table
 from repro.files import write_report
 from repro.runs import Progress, train_all
 from repro.runs.provenance import provenance_header
