@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from repro.experiments.bench.links import LinkError, Links, measured_rate_mbit
+from repro.experiments.kit.links import LinkError, Links, measured_rate_mbit
 
 from conftest import MODELS
 

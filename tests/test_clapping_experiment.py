@@ -6,6 +6,7 @@ figures."""
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 
 import pytest
@@ -258,3 +259,66 @@ def test_bad_probe_arguments_fail_with_the_flag(steps, blocks, methods, fragment
 
     with pytest.raises(ValueError, match=__import__("re").escape(fragment)):
         probe(load_clapping_settings(SMOKE), tmp_path, steps, blocks, methods)
+
+
+def test_each_row_gets_the_link_timing_of_its_own_method_and_the_table_shows_it(smoke, tmp_path, monkeypatch):
+    """`--link-steps`: the bench settings that time the grid hold one run per distinct (method,
+    compressors, p), labelled as the bench labels them, at the model config's shape; the bench's
+    link rows come back to the table rows they belong to (a result of the same settings is reused)."""
+    import yaml
+
+    from repro.experiments.bench.settings import NetworkRun, load_settings
+    from repro.experiments.clapping import link_times
+    from repro.experiments.clapping.report import markdown
+    from repro.runs.model_config import load_model_config
+
+    settings, report, _ = smoke
+    settings = type(settings)(**{**settings.__dict__, "link_steps": 3})
+    rows = plan_rows(settings)
+    wanted = link_times.bench_settings(settings, rows)
+    (tmp_path / "link").mkdir()
+    (tmp_path / "link" / "settings.yaml").write_text(yaml.safe_dump(wanted, sort_keys=False))
+    bench = load_settings(tmp_path / "link" / "settings.yaml")  # the bench accepts them
+    labels = [run.label for run in bench.network_runs]
+    assert labels[0] == "none" and len(set(labels)) == len(labels)
+    assert set(labels) == {link_times.run_label(r) for r in rows} | {"none"}
+    assert all(NetworkRun(**run).label in labels for run in wanted["network_runs"])
+    config = load_model_config(settings.model)
+    assert (bench.n_layer, bench.block_size, bench.batch_size) == (
+        config.gpt_config(1).n_layer,
+        config.block_size,
+        config.batch_size,
+    )
+    assert (bench.network_stages, bench.link_timed_steps, bench.link_rates_mbit) == (
+        settings.stages,
+        3,
+        (settings.bandwidth_mbps,),
+    )
+    fake = []  # what `repro bench --sections link` writes, one row per run
+    for i, label in enumerate(labels):
+        fake.append(
+            {
+                "section": "link",
+                "name": f"{label} @ {settings.bandwidth_mbps:g} Mbit/s (shaped veth, K={settings.stages} namespaces)",
+                "median": 0.5 + i,
+                "ratio": None if i == 0 else 0.5 / (0.5 + i),
+                "reference": None if i == 0 else "none",
+                "speedup_bound_amdahl": 1.0 + i,
+                "compression_ratio": 1.0,
+                "achieved_mbit": 10.0,
+                "rate_mbit": settings.bandwidth_mbps,
+                "compute_s_per_step": 0.1,
+            }
+        )
+    (tmp_path / "link" / "bench.json").write_text(json.dumps({"rows": fake}))
+    monkeypatch.setattr(link_times, "check_links_possible", lambda: None)
+    times = link_times.measure_link_times(settings, rows, tmp_path, note=lambda line: None)
+    table_rows = [dict(r) for r in report["rows"]]
+    link_times.with_link_times(table_rows, times)
+    for r in table_rows:
+        label = link_times.run_label(
+            link_times.ClappingRow(r["regime"], r["method"], r["compressor"], r["p"])
+        )
+        assert r["link"]["step_s"] == 0.5 + labels.index(label)
+    text = markdown({**report, "rows": table_rows, "link": {"timed_steps": 3, "warmup_steps": 2}})
+    assert "measured s/step on the shaped link" in text and "| 0.500 | 1.00 (1.00) |" in text

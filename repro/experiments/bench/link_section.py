@@ -19,7 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .links import Links
+from repro.experiments.kit.links import Links
+
 from .measure import pairwise, row
 from .pipelines import _mean_step_s, _read_ranks
 from .settings import BenchSettings, NetworkRun
@@ -41,7 +42,8 @@ def rank_main(spec: dict[str, Any]) -> None:
     steps = s.pipe_warmup_steps + s.link_timed_steps
     torch.manual_seed(0)
     module = GPTLightningModule(gpt_config(s), OPTIM)
-    strategy = run_strategy(s, run, "popen", timeout_s=600)  # popen: the processes exist, it launches nothing
+    # popen: the processes exist, it launches nothing; AQ-SGD timed compressed (after its exact warm-up epoch)
+    strategy = run_strategy(s, run, "popen", timeout_s=600, warmup_epochs=0)
     trainer = make_trainer(
         steps=steps,
         devices=1,

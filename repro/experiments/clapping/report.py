@@ -21,6 +21,7 @@ from repro.files import write_json_atomic, write_text_atomic
 from repro.runs.provenance import git_commit, machine, now
 from repro.stats import ALPHA, CI_LABEL, mean_std, paired_comparison, power_figures, with_holm
 
+from .link_times import with_link_times
 from .settings import ClappingSettings
 
 COLUMNS = (
@@ -43,6 +44,9 @@ COLUMNS = (
     "buffer_bytes_max_rank",
     "train_wall_s",
     "emulated_net_s",
+    "link_step_s",
+    "link_speedup",
+    "link_speedup_bound",
     "seeds",
     "seed_losses",
 )
@@ -203,8 +207,10 @@ def build_report(
     trained_runs: int,
     model_config: str,
     base: dict[str, Any] | None,
+    link_times: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """``runs``: one flat record per run (row, seed, loss, bytes)."""
+    """``runs``: one flat record per run (row, seed, loss, bytes); ``link_times``: measured step
+    times on shaped links by run label (``link_times.measure_link_times``), or None."""
     rows, power = [], {}
     for regime in settings.regimes:
         regime_runs = [r for r in runs if r["regime"] == regime]
@@ -219,6 +225,7 @@ def build_report(
             diffs.append([a["final_val_loss"] - b["final_val_loss"] for a, b in zip(group, none)])
             groups.append([r["final_val_loss"] for r in group])
         power[regime] = power_figures(diffs, groups, len(settings.seeds), settings.minimal_loss)
+    with_link_times(rows, link_times)
     return {
         "scale": settings.scale,
         "git_commit": git_commit(),
@@ -229,6 +236,9 @@ def build_report(
         "seeds": list(settings.seeds),
         "dataset_sizes": dataset_sizes,
         "bandwidth_mbps": settings.bandwidth_mbps,
+        "link": None
+        if link_times is None
+        else {"timed_steps": settings.link_steps, "warmup_steps": settings.link_warmup_steps},
         "wall_s": wall_s,
         "total_runs": len(runs) + (base is not None),  # the rows and the base model
         "trained_runs": trained_runs,
@@ -261,6 +271,16 @@ def _delta(r: dict[str, Any]) -> str:
     return f"**{text}**" if r["resolved"] else text
 
 
+LINK_HEAD = " measured s/step on the shaped link | measured speed-up vs none (Amdahl bound) |"
+
+
+def _link_cells(r: dict[str, Any]) -> str:
+    m = r.get("link")
+    if m is None:
+        return " - | - |"
+    return f" {m['step_s']:.3f} | {m['speedup']:.2f} ({m['speedup_bound']:.2f}) |"
+
+
 def markdown(report: dict[str, Any]) -> str:
     s = report["settings"]
     lines = []
@@ -271,8 +291,10 @@ def markdown(report: dict[str, Any]) -> str:
             "",
             f"| method | compressor | p | val loss | Δ vs none [{CI_LABEL}] | p (Holm) | total bytes | ratio vs none "
             "| bytes to target | buffer / rank (max) | train wall (s) "
-            f"| link-time bound at {report['bandwidth_mbps']:g} Mbps (s) |",
-            "|" + "---|" * 12,
+            f"| link-time bound at {report['bandwidth_mbps']:g} Mbps (s) |"
+            + LINK_HEAD
+            * bool(report.get("link")),
+            "|" + "---|" * (12 + 2 * bool(report.get("link"))),
         ]
         for r in (r for r in report["rows"] if r["regime"] == regime):
             ratio = "-" if r["compression_ratio"] is None else f"{r['compression_ratio']:.3f}"
@@ -283,6 +305,7 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{_fmt_bytes(r['bytes_to_target'])} ({r['reached_target']}) | "
                 f"{_fmt_bytes(r['buffer_bytes_max_rank'])} | "
                 f"{r['train_wall_s']:.1f} | {r['emulated_net_s']:.2f} |"
+                + (_link_cells(r) if report.get("link") else "")
             )
         st = report["statistics"][regime]
         if st["paired_diff_std"] is not None:
@@ -299,8 +322,15 @@ def markdown(report: dict[str, Any]) -> str:
         f"evaluation, mean ± std over seeds; Δ paired by seed, **bold**: resolved (Holm p < {ALPHA:g}); bytes to "
         f"target: bytes sent by the first evaluation within {s['target_margin']:g} nats of none's final loss "
         "(mean over seeds, when every seed got there); link-time bound: the busiest rank's bytes x 8 / "
-        "bandwidth, computed from the bytes, not measured (`repro bench --sections link` measures step times "
-        "on real shaped links).",
+        "bandwidth, computed from the bytes, not measured"
+        + (
+            f"; measured: {report['link']['timed_steps']} steps of each row's method after "
+            f"{report['link']['warmup_steps']} untimed, its K ranks in K network namespaces joined by veth links "
+            f"shaped to {report['bandwidth_mbps']:g} Mbit/s (tc tbf), on the bench's synthetic tokens at this "
+            "model's shape; the Amdahl bound from none's measured compute (unshaped links) and link time."
+            if report.get("link")
+            else " (`repro clapping --link-steps N` measures each row's step time on real shaped links)."
+        ),
         "",
     ]
     lines += ["Claims:", ""] + [
@@ -334,6 +364,8 @@ def write_report(report: dict[str, Any], out: Path) -> None:
     writer.writeheader()
     for r in report["rows"]:
         joined = {k: " ".join(str(v) for v in r[k]) for k in ("seeds", "seed_losses")}
-        writer.writerow({**r, **joined})
+        link = r.get("link") or {}  # measured on shaped links (empty: not measured)
+        flat = {f"link_{k}": link.get(k) for k in ("step_s", "speedup", "speedup_bound")}
+        writer.writerow({**{k: v for k, v in r.items() if k != "link"}, **joined, **flat})
     write_text_atomic(out / "clapping_table.csv", buf.getvalue())
     write_json_atomic(out / "clapping_table.json", report)

@@ -23,6 +23,7 @@ from typing import Any
 from repro.arguments import Parser
 from repro.data.tokenizer import tokenizer_digest
 from repro.dataclass_docs import fields_help
+from repro.experiments.kit.links import LinkError, check_links_possible
 from repro.pipeline.memory import buffer_memory_points
 from repro.runs import Progress, RunResult, check_accelerator, train_all
 from repro.runs.compute_plan import planned_runs, print_plan
@@ -33,7 +34,8 @@ from repro.runs.provenance import display_path
 from repro.runs.scale_args import add_scale_args, add_settings_args, parse_experiment_args
 from repro.runs.shards import Shard, gather
 
-from .plan import ClappingRow, base_spec, clapping_data_use, finetune_data, grid
+from .link_times import measure_link_times
+from .plan import ClappingRow, base_spec, clapping_data_use, finetune_data, grid, plan_rows
 from .probe import PROBE_METHODS, probe, probe_markdown
 from .quantizer_error import quantizer_error_table
 from .report import build_report, write_report
@@ -115,6 +117,11 @@ def run_clapping(
                 f"clapping settings: finetune_data={settings.finetune_data!r} was prepared with another tokenizer "
                 f"than the base's data; prepare it with --tokenizer <the base's prepared folder>/tokenizer.json"
             )
+    if settings.link_steps:  # before any training: the measured link column needs root
+        try:
+            check_links_possible()
+        except LinkError as exc:
+            raise ValueError(f"link_steps={settings.link_steps}: {exc}") from None
     runs_dir = out / "runs"
     base = base_spec(settings, out) if "finetune" in settings.regimes and not config.is_pretrained else None
     jobs = grid(settings, runs_dir, base)
@@ -165,6 +172,9 @@ def run_clapping(
             settings.micro_batches,
             settings.quant_error_bits,
         )
+    link = (
+        measure_link_times(settings, plan_rows(settings), out, progress.note) if settings.link_steps else None
+    )
     first = settings.regimes[0]
     memory = measure_memory(settings, sizes[first], config.block_size, config.hidden_size, config.batch_size)
     report = build_report(
@@ -177,6 +187,7 @@ def run_clapping(
         trained_runs=progress.trained,
         model_config=display_path(config.path),
         base=base_record,
+        link_times=link,
     )
     write_report(report, out)
     return report
@@ -229,6 +240,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="the compressor of the probe's rows, C or F/B (default: the fine-tune grid's first)",
     )
+    parser.add_argument(
+        "--link-steps",
+        type=int,
+        default=None,
+        help="also measure each row's step time with its K ranks on veth links shaped to bandwidth_mbps: this "
+        "many timed steps per row (needs root; default: the settings' link_steps, 0 = off)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="show Lightning's own lines too")
     return parser
 
@@ -256,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
             path,
             seeds=tuple(args.seeds) if args.seeds else None,
             accelerator=args.accelerator,
+            link_steps=args.link_steps,
         )
         if args.plan:
             print_clapping_plan(settings, Path(args.out), args.step_time)

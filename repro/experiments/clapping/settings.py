@@ -89,7 +89,9 @@ class ClappingSettings:
     schedule: Literal["gpipe", "1f1b"] = "gpipe"  # micro-batch schedule
     lazy_p: float = 0.5  # p of the none_lazy ablation
     warmup_epochs: int = 1  # AQ-SGD's exact (warm-up) epochs
-    bandwidth_mbps: float = 100.0  # link speed of the emulated-network-time column
+    bandwidth_mbps: float = 100.0  # link speed of the link-time bound column (and of the measured one)
+    link_steps: int = 0  # timed steps per row on veth links shaped to bandwidth_mbps (0 = off; root)
+    link_warmup_steps: int = 2  # untimed steps before them
     target_margin: float = 0.02  # bytes-to-target: the target is none's final loss + this (nats)
     minimal_loss: float = 0.02  # "minimal loss": a row costs at most this much (nats) over none
     quant_error_bits: tuple[int, ...] = (2, 4, 8)  # bits of the quantizer-error table on real messages
@@ -141,6 +143,10 @@ class ClappingSettings:
             raise ValueError(f"{where}: finetune_lr={self.finetune_lr!r}: must be > 0")
         if not 0.0 < float(self.lazy_p) <= 1.0:
             raise ValueError(f"{where}: p={self.lazy_p!r}: lazy-sampling probabilities must be in (0, 1]")
+        for name in ("link_steps", "link_warmup_steps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{where}: {name}={value!r}: must be an integer >= 0")
         if not self.bandwidth_mbps > 0:
             raise ValueError(f"{where}: bandwidth_mbps={self.bandwidth_mbps!r}: must be > 0")
         if any(not isinstance(b, int) or not 2 <= b <= 8 for b in self.quant_error_bits):

@@ -32,6 +32,12 @@ def _run(*cmd: str) -> None:
         )
 
 
+def check_links_possible() -> None:
+    """Raise LinkError (one line) where this process cannot build links (not root, no ip or tc)."""
+    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
+        raise LinkError("links: network namespaces need root (CAP_NET_ADMIN) and the ip and tc commands")
+
+
 class Links:
     """``nodes`` namespaces joined by links shaped to ``rate_mbit`` (None: unshaped)."""
 
@@ -53,8 +59,7 @@ class Links:
         return ["ip", "netns", "exec", self.names[node], "env", "GLOO_SOCKET_IFNAME=eth0"]
 
     def __enter__(self) -> Links:
-        if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
-            raise LinkError("links: network namespaces need root (CAP_NET_ADMIN) and the ip and tc commands")
+        check_links_possible()
         try:
             self._build()
         except BaseException:

@@ -1,0 +1,129 @@
+"""Measured step times of the grid's rows on real shaped links (``link_steps`` > 0, or
+``repro clapping --link-steps N``): every distinct (method, compressors, p) of the table trains for
+a few steps with its K ranks in K network namespaces joined by veth links shaped to
+``bandwidth_mbps`` (``repro bench --sections link``, run as a command), next to ``none`` on the same
+links and the Amdahl bound from ``none``'s measured split into compute (the same run on unshaped
+links) and link time. The workload is the bench's synthetic one at the model config's shape (its
+layers, width, heads, vocabulary, block and batch, with the grid's K and micro-batches): a step's
+time does not depend on the token values. AQ-SGD is timed after its exact warm-up epoch (the
+bench's link runs start compressed), so its row is its steady state. Needs root (CAP_NET_ADMIN).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from repro.experiments.kit.links import check_links_possible
+from repro.files import read_json
+from repro.runs.model_config import load_model_config
+
+from .plan import ClappingRow
+from .settings import ClappingSettings, split_compressor
+
+
+def run_label(row: ClappingRow) -> str:
+    """The bench's label of a row's run (``NetworkRun.label``: method, F/B compressors, p)."""
+    if row.strategy_method == "none":
+        return "none" if row.p == 1.0 else f"none p={row.p:g}"
+    fwd, bwd = split_compressor(row.compressor)
+    comp = fwd if fwd == bwd else f"{fwd}/{bwd}"
+    return f"{row.method} {comp}" + (f" p={row.p:g}" if row.p != 1.0 else "")
+
+
+def bench_settings(settings: ClappingSettings, rows: list[ClappingRow]) -> dict[str, Any]:
+    """The ``repro bench`` settings that time these rows on links at the grid's shape."""
+    config = load_model_config(settings.model)
+    gpt = config.gpt_config(int(config.data.get("vocab_size") or 256))
+    runs, seen = [{"method": "none"}], {"none"}
+    for row in rows:
+        label = run_label(row)
+        if label in seen:
+            continue
+        seen.add(label)
+        fwd, bwd = split_compressor(row.compressor)
+        runs.append({"method": row.strategy_method, "fwd_compressor": fwd, "bwd_compressor": bwd, "p": row.p})
+    k = settings.stages
+    return {
+        "preset": "quick",
+        "sections": ["link"],
+        "n_layer": gpt.n_layer,
+        "n_embd": gpt.n_embd,
+        "n_head": gpt.n_head,
+        "vocab_size": gpt.vocab_size,
+        "block_size": config.block_size,
+        "batch_size": config.batch_size,
+        "micro_batches": settings.micro_batches,
+        "stages": [k],
+        "seq_stages": k,
+        "seq_lengths": [config.block_size],
+        "network_stages": k,
+        "network_runs": runs,
+        "network_repeats": 1,
+        "link_rates_mbit": [float(settings.bandwidth_mbps)],
+        "pipe_warmup_steps": settings.link_warmup_steps,
+        "link_timed_steps": settings.link_steps,
+    }
+
+
+def measure_link_times(
+    settings: ClappingSettings, rows: list[ClappingRow], out: Path, note=print
+) -> dict[str, dict[str, Any]]:
+    """{bench run label: measured step time, speed-up over none, its Amdahl bound, ...}; the bench's
+    results are kept in ``out/link`` and reused when its settings are the same."""
+    check_links_possible()
+    folder = out / "link"
+    folder.mkdir(parents=True, exist_ok=True)
+    wanted = bench_settings(settings, rows)
+    path = folder / "settings.yaml"
+    result = folder / "bench.json"
+    if not (result.is_file() and path.is_file() and yaml.safe_load(path.read_text()) == wanted):
+        path.write_text(yaml.safe_dump(wanted, sort_keys=False))
+        result.unlink(missing_ok=True)
+        note(
+            f"link: {len(wanted['network_runs'])} runs on veth links shaped to {settings.bandwidth_mbps:g} "
+            f"Mbit/s, K={settings.stages} namespaces, {settings.link_steps} timed steps each"
+        )
+        cmd = [
+            sys.executable,
+            "-m",
+            "repro.cli",
+            "bench",
+            "--settings",
+            str(path),
+            "--out",
+            str(folder),
+            "--quiet",
+        ]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(
+                f"link times: `repro bench` failed: {(done.stderr.strip().splitlines() or [''])[-1]}"
+            )
+    bench = read_json(result, "link bench results")
+    times = {}
+    for r in bench["rows"]:
+        if r["section"] != "link":
+            continue
+        label = r["name"].split(" @ ")[0]
+        times[label] = {
+            "step_s": r["median"],
+            "speedup": r["ratio"] if r["reference"] else 1.0,
+            "speedup_bound": r["speedup_bound_amdahl"],
+            "compression_ratio": r["compression_ratio"],
+            "achieved_mbit": r["achieved_mbit"],
+            "rate_mbit": r["rate_mbit"],
+            "compute_s_per_step": r["compute_s_per_step"],
+        }
+    return times
+
+
+def with_link_times(rows: list[dict[str, Any]], times: dict[str, dict[str, Any]] | None) -> None:
+    """Each table row gets its run's measured link figures (None where not measured)."""
+    for r in rows:
+        row = ClappingRow(r["regime"], r["method"], r["compressor"], r["p"])
+        r["link"] = None if times is None else times.get(run_label(row))
