@@ -18,17 +18,23 @@ COMMANDS = {
     "test": ("repro.lit.commands", "test loss and perplexity of a checkpoint"),
     "export": ("repro.lit.export", "a fine-tuned pretrained model back as a Hugging Face folder"),
     "data": ("repro.data.commands", "prepare a corpus into token shards; info, verify"),
-    "profile": ("repro.alloc.commands", "per-layer profiles: coverage, phase-off, interactions"),
-    "allocate": ("repro.alloc.commands", "allocate high/low RoPE coverage under a budget"),
-    "transfer": ("repro.alloc.commands", "map a profile to a model of another depth"),
-    "account": ("repro.alloc.commands", "KV cache, RoPE and attention cost per token"),
-    "analyze": ("repro.alloc.commands", "stability, calibration, transfer fidelity of profiles"),
+    "profile": (
+        "repro.experiments.rope_tools.commands",
+        "per-layer profiles: coverage, phase-off, interactions",
+    ),
+    "allocate": ("repro.experiments.rope_tools.commands", "allocate high/low RoPE coverage under a budget"),
+    "transfer": ("repro.experiments.rope_tools.commands", "map a profile to a model of another depth"),
+    "account": ("repro.experiments.rope_tools.commands", "KV cache, RoPE and attention cost per token"),
+    "analyze": (
+        "repro.experiments.rope_tools.commands",
+        "stability, calibration, transfer fidelity of profiles",
+    ),
     "table1": ("repro.experiments.table1.run", "make reproduce-table1: the whole Table 1 pipeline"),
     "clapping": ("repro.experiments.clapping.run", "make reproduce-clapping: the Clapping grid"),
     "bench": ("repro.experiments.bench.run", "make bench: speed, communication and memory"),
     "gpu-check": ("repro.gpu_check", "make gpu-check: the one GPU acceptance run (a table)"),
 }
-SHARED_MODULES = ("repro.lit.commands", "repro.alloc.commands")
+SHARED_MODULES = ("repro.lit.commands", "repro.experiments.rope_tools.commands")
 
 
 def usage() -> str:

@@ -334,7 +334,7 @@ def test_a_hub_source_without_the_network_and_row_files_as_text_files_are_one_li
 
 
 def test_a_run_that_would_repeat_its_data_past_the_limit_stops_in_one_line(tmp_path):
-    from repro.runs.data_use import check_data_use, data_lines
+    from repro.experiments.kit.data_use import check_data_use, data_lines
     from repro.runs.spec import RunSpec
 
     out = tmp_path / "prep"

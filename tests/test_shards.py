@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from repro.runs.compute_plan import PlannedRun, wall_seconds
+from repro.experiments.kit.compute_plan import PlannedRun, wall_seconds
 from repro.runs.shards import Shard, assign
 from repro.runs.spec import RunSpec
 

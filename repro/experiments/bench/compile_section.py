@@ -13,9 +13,7 @@ from typing import Any
 
 import torch
 
-from repro.lit import OptimConfig
-from repro.runs.model_config import load_model_config
-from repro.runs.step_time import (
+from repro.experiments.kit.step_time import (
     TimingJob,
     lightning_timing,
     peak_tflops,
@@ -23,6 +21,8 @@ from repro.runs.step_time import (
     synthetic_batches,
     training_flops_per_step,
 )
+from repro.lit import OptimConfig
+from repro.runs.model_config import load_model_config
 
 from .measure import row
 from .settings import BenchSettings

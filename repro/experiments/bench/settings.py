@@ -12,10 +12,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from repro.experiments.kit.settings import ConfigPath, shipped_settings
+from repro.experiments.kit.settings import load_settings as load_settings_file
 from repro.pipeline.codecs import METHODS
 from repro.pipeline.compressors import build_compressor
-from repro.runs.settings import ConfigPath, shipped_settings
-from repro.runs.settings import load_settings as load_settings_file
 
 PRESETS = ("full", "quick", "gpu")
 SECTIONS = (

@@ -8,8 +8,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from repro.experiments.kit.data_use import check_data_use
 from repro.runs import RunSpec
-from repro.runs.data_use import check_data_use
 from repro.runs.store import checkpoint_path
 
 from .settings import ClappingSettings, split_compressor

@@ -23,15 +23,15 @@ from typing import Any
 from repro.arguments import Parser
 from repro.data.tokenizer import tokenizer_digest
 from repro.dataclass_docs import fields_help
+from repro.experiments.kit.compute_plan import planned_runs, print_plan
+from repro.experiments.kit.data_use import data_lines
 from repro.experiments.kit.links import LinkError, check_links_possible
+from repro.experiments.kit.scale_args import add_scale_args, add_settings_args, parse_experiment_args
 from repro.pipeline.memory import buffer_memory_points
 from repro.runs import Progress, RunResult, check_accelerator, train_all
-from repro.runs.compute_plan import planned_runs, print_plan
-from repro.runs.data_use import data_lines
 from repro.runs.interrupts import interrupted_line, remember_interrupts, stop_if_interrupted
 from repro.runs.model_config import load_model_config
 from repro.runs.provenance import display_path
-from repro.runs.scale_args import add_scale_args, add_settings_args, parse_experiment_args
 from repro.runs.shards import Shard, gather
 
 from .link_times import measure_link_times

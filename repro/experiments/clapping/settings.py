@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from repro.experiments.kit.settings import ConfigPath, load_settings, shipped_settings
 from repro.pipeline.compressors import build_compressor
-from repro.runs.settings import ConfigPath, load_settings, shipped_settings
 
 SCALES = ("smoke", "cpu", "paper")
 REGIMES = ("finetune", "from_scratch")

@@ -8,8 +8,8 @@ from __future__ import annotations
 from math import comb
 from pathlib import Path
 
-from repro.runs.compute_plan import PlannedRun, config_facts, planned_runs, print_plan
-from repro.runs.data_use import check_data_use, data_lines
+from repro.experiments.kit.compute_plan import PlannedRun, config_facts, planned_runs, print_plan
+from repro.experiments.kit.data_use import check_data_use, data_lines
 
 from .plan import ROW_METHODS, make_plan, stage1_specs
 from .settings import Table1Settings

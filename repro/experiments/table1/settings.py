@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from repro.alloc.allocation import BUDGET_MATCHED
 from repro.alloc.coverage_profile import EARLY_FRACTION, EVALUATIONS, LAST_N, SEEDS
-from repro.runs.settings import ConfigPath, load_settings, shipped_settings
+from repro.experiments.kit.settings import ConfigPath, load_settings, shipped_settings
 
 SCALES = ("smoke", "cpu-quick", "cpu", "gpu", "paper")
 ARCHITECTURES = ("mha", "mla")

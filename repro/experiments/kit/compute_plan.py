@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from .model_config import load_model_config
-from .spec import RunSpec
+from repro.runs.model_config import load_model_config
+from repro.runs.spec import RunSpec
 
 
 @dataclass(frozen=True)

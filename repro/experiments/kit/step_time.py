@@ -20,8 +20,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from repro.lit import GPTLightningModule, OptimConfig
 from repro.models import GPTConfig
 from repro.models.gpt import GPT
-
-from .build import make_trainer
+from repro.runs.build import make_trainer
 
 CLIP = 1.0  # gradient clipping by global norm, as the shipped configs do
 # dense bf16 peak of the GPUs MFU is reported for (TFLOP/s, vendor datasheets)
@@ -192,7 +191,7 @@ class _OnDevice:
 def measure_step_time(config_path: str, device: torch.device, warmup: int = 3, timed: int = 5) -> float:
     """Seconds per optimizer step of a model config on ``device``: a few steps of the Lightning
     path (compiled when the config says so), on synthetic tokens of the config's batch shape."""
-    from .model_config import load_model_config
+    from repro.runs.model_config import load_model_config
 
     config = load_model_config(config_path)
     vocab = int(config.data.get("vocab_size") or 256)

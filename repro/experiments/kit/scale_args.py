@@ -34,7 +34,7 @@ def parse_experiment_args(
     of ``--scale``, default :data:`DEFAULT_SCALE`; both at once is a usage error: a settings file
     names its own scale), with its output set up: Lightning's own lines shown with ``--verbose``,
     kept quiet otherwise."""
-    from .build import VERBOSE_ENV, quiet_lightning
+    from repro.runs.build import VERBOSE_ENV, quiet_lightning
 
     args = parser.parse_args(argv)
     if args.scale and args.settings:

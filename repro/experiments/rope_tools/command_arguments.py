@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from repro.alloc.coverage_profile import EARLY_FRACTION, EVALUATIONS, LAST_N, SEEDS
 from repro.arguments import Parser
-from repro.runs.scale_args import add_scale_args
-
-from .coverage_profile import EARLY_FRACTION, EVALUATIONS, LAST_N, SEEDS
+from repro.experiments.kit.scale_args import add_scale_args
 
 
 def _levels_args(p: argparse.ArgumentParser) -> None:

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .model_config import load_model_config
-from .spec import RunSpec
+from repro.runs.model_config import load_model_config
+from repro.runs.spec import RunSpec
 
 
 @dataclass(frozen=True)

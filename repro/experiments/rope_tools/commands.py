@@ -13,17 +13,9 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any
 
-from repro.files import read_json, write_json_atomic
-from repro.models.config import GPTConfig
-from repro.runs.build import VERBOSE_ENV, quiet_lightning
-from repro.runs.compute_plan import planned_runs, print_plan
-from repro.runs.interrupts import interrupted_line
-from repro.runs.model_config import load_model_config, write_model_config
-from repro.runs.shards import Shard
-
-from .accounting import account_model
-from .allocation import METHODS, allocate, random_allocations, top_k_layers
-from .analysis import (
+from repro.alloc.accounting import account_model
+from repro.alloc.allocation import METHODS, allocate, random_allocations, top_k_layers
+from repro.alloc.analysis import (
     calibration,
     interaction_terms,
     predicted_gain,
@@ -31,9 +23,8 @@ from .analysis import (
     spearman,
     transfer_fidelity,
 )
-from .budget import default_levels, levels_for, num_high_layers
-from .command_arguments import build_parser
-from .coverage_profile import (
+from repro.alloc.budget import default_levels, levels_for, num_high_layers
+from repro.alloc.coverage_profile import (
     CoverageProfileSettings,
     coverage_benefit_profile,
     early_eval_every,
@@ -41,11 +32,20 @@ from .coverage_profile import (
     pair_benefits,
     profile_specs,
 )
-from .fidelity import coverage_fidelity, format_fidelity, phase_off_fidelity
-from .phase_off_profile import measure_phase_off_profile, reference_spec, train_reference
-from .pretrained_profile import measure_pretrained_profile, pretrained_config
-from .profile import LayerProfile
-from .transfer import transfer_profile
+from repro.alloc.fidelity import coverage_fidelity, format_fidelity, phase_off_fidelity
+from repro.alloc.phase_off_profile import measure_phase_off_profile, reference_spec, train_reference
+from repro.alloc.pretrained_profile import measure_pretrained_profile, pretrained_config
+from repro.alloc.profile import LayerProfile
+from repro.alloc.transfer import transfer_profile
+from repro.experiments.kit.compute_plan import planned_runs, print_plan
+from repro.files import read_json, write_json_atomic
+from repro.models.config import GPTConfig
+from repro.runs.build import VERBOSE_ENV, quiet_lightning
+from repro.runs.interrupts import interrupted_line
+from repro.runs.model_config import load_model_config, write_model_config
+from repro.runs.shards import Shard
+
+from .command_arguments import build_parser
 
 COMMANDS = ("profile", "allocate", "transfer", "account", "analyze")
 
