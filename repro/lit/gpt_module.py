@@ -176,7 +176,8 @@ class GPTLightningModule(L.LightningModule):
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """A state dict into a model still on meta (the launching process of a pipeline, whose ranks
         drew the weights) draws the model first, then copies the state over it."""
-        self.model.materialize()
+        if isinstance(self.model, GPT):  # (a Hugging Face module reads its own, see HFCausalLMModule)
+            self.model.materialize()
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def load_weights(self, path: str) -> None:
