@@ -94,3 +94,45 @@ def test_a_constructor_the_replay_cannot_follow_is_refused_naming_it():
         InitTrace.build(_RandomOutOfPlace)
     with pytest.raises(NotImplementedError, match="buffers"):
         InitTrace.build(_WithBuffer)
+
+
+def test_a_deferred_stage_copies_its_weights_from_a_checkpoint_and_draws_none(monkeypatch, tmp_path):
+    """A fine-tune from ``init_checkpoint`` under a pipeline: each rank copies its own stage's tensors
+    from the (memory-mapped) checkpoint; nothing is drawn and the other stages stay on meta."""
+    from repro.lit.gpt_module import GPTLightningModule
+
+    cfg = config("mha_gqa")
+    torch.manual_seed(3)
+    base = GPTLightningModule(cfg)
+    path = tmp_path / "base.ckpt"
+    torch.save({"hyper_parameters": dict(base.hparams), "state_dict": base.state_dict()}, path)
+    with deferred_init():
+        module = GPTLightningModule(cfg, init_checkpoint=str(path))
+    monkeypatch.setattr(InitTrace, "materialize", lambda *a: pytest.fail("a checkpoint's stage was drawn"))
+    before = torch.get_rng_state()
+    module.load_weights(str(path))
+    assert not module.model.is_materialized  # nothing copied yet
+    parts = GPTStages(module.model).parts()
+    split = StageSplit(1, 2, layers_per_stage(4, 2), parts)
+    GPTStages(module.model).materialize(split.modules_of(1))
+    mine = {id(p) for m in split.modules_of(1) for p in m.parameters()}
+    expected = dict(base.model.named_parameters(remove_duplicate=False))
+    for name, p in module.model.named_parameters(remove_duplicate=False):
+        assert p.is_meta == (id(p) not in mine), name
+        if not p.is_meta:
+            assert torch.equal(p, expected[name]), name
+    assert module.model.lm_head.weight is module.model.wte.weight  # tied: one tensor
+    assert torch.equal(torch.get_rng_state(), before)
+    module.model.materialize()  # the rest (one process): every weight the checkpoint's
+    assert all(torch.equal(p, expected[n]) for n, p in module.model.named_parameters())
+
+
+def test_weights_that_do_not_fit_a_deferred_gpt_are_refused_naming_them():
+    with deferred_init():
+        model = GPT.build(config("mha_gqa"))
+    state = GPT(config("mha_gqa")).state_dict()
+    state["extra.weight"] = state.pop("blocks.0.mlp.up_proj.weight")
+    with pytest.raises(
+        ValueError, match=r"missing \['blocks\.0\.mlp\.up_proj\.weight'\], unexpected \['extra"
+    ):
+        model.load_weights(state)

@@ -164,8 +164,8 @@ class GPTLightningModule(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         """Fine-tuning: a fit starts from ``init_checkpoint``'s weights (a resumed fit then restores its
-        own checkpoint over them). A model built deferred draws its weights here, unless a pipeline
-        strategy draws each stage's on its rank."""
+        own checkpoint over them). A model built deferred draws (or, fine-tuning, copies) its weights
+        here, unless a pipeline strategy has each rank take its own stage's."""
         from repro.pipeline.lightning import ClappingStrategy
 
         if stage == "fit" and self.init_checkpoint:
@@ -182,14 +182,16 @@ class GPTLightningModule(L.LightningModule):
 
     def load_weights(self, path: str) -> None:
         """The model weights of a checkpoint of the same architecture (every differing field named)."""
-        ckpt = read_checkpoint(path)
+        ckpt = read_checkpoint(path, mmap=True)  # tensors read when copied: a stage reads its own
         saved = ckpt.get("hyper_parameters", {}).get("gpt")
         if saved is None or "state_dict" not in ckpt:
             raise ValueError(f"model.init_checkpoint={path!r}: not a repro GPT checkpoint")
         check_checkpoint_matches(saved, self.gpt_config, path)
         state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
-        self.model.materialize()  # a deferred model (a pipeline's) is drawn whole, then overwritten
-        self.model.load_state_dict(state)
+        try:  # a deferred model (a pipeline's) copies each stage's weights from it, drawing none
+            self.model.load_weights(state)
+        except ValueError as exc:
+            raise ValueError(f"model.init_checkpoint={path!r}: {exc}") from None
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor | None:
         _, loss = self.model(batch["input_ids"], batch["targets"])

@@ -119,14 +119,27 @@ class InitTrace:
         with torch.random.fork_rng(devices=[]):
             torch.set_rng_state(self.rng_state)
             values = self._run(keep)
-        for names, value in values.items():
-            parameter = nn.Parameter(value)
-            for name in names:  # tied names share one parameter, as in the real build
-                owner, _, leaf = name.rpartition(".")
-                setattr(module.get_submodule(owner) if owner else module, leaf, parameter)
+        assign_parameters(module, values)
         left = [n for n, p in module.named_parameters(remove_duplicate=False) if p.is_meta and keep(n)]
         if left:
             raise NotImplementedError(f"deferred init: no recorded initialisation wrote {left}")
+
+
+def assign_parameters(module: nn.Module, values: dict[tuple[str, ...], torch.Tensor]) -> None:
+    """Each tensor becomes one parameter under all its names (tied names share it, as in a real build)."""
+    for names, value in values.items():
+        parameter = nn.Parameter(value)
+        for name in names:
+            owner, _, leaf = name.rpartition(".")
+            setattr(module.get_submodule(owner) if owner else module, leaf, parameter)
+
+
+def tied_groups(module: nn.Module, wanted: Callable[[str], bool]) -> list[tuple[str, ...]]:
+    """The parameters ``wanted`` names, each as the tuple of all its names (tied names together)."""
+    names: dict[int, list[str]] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return [tuple(group) for group in names.values() if any(wanted(n) for n in group)]
 
 
 def parameter_names(module: nn.Module, parts: Iterable[nn.Module]) -> set[str]:

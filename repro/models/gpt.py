@@ -17,7 +17,7 @@ from torch import nn
 
 from .attention import FixedWidthAttention, LatentAttention, build_attention
 from .config import GPTConfig
-from .deferred_init import InitTrace, deferring, parameter_names
+from .deferred_init import InitTrace, assign_parameters, deferring, parameter_names, tied_groups
 
 
 class MLP(nn.Module):
@@ -97,10 +97,32 @@ class GPT(nn.Module):
             for n, p in self.named_parameters(remove_duplicate=False)
             if p.is_meta and (wanted is None or n in wanted)
         }
-        if meta:  # only what is still on meta: drawn weights (and a stage's freed parts) stay as they are
+        source = getattr(self, "weight_source", None)
+        if meta and source is not None:  # the weights of a checkpoint: copied, never drawn
+            dtypes = {n: p.dtype for n, p in self.named_parameters(remove_duplicate=False)}
+            groups = tied_groups(self, meta.__contains__)
+            assign_parameters(self, {g: source[g[0]].detach().to(dtypes[g[0]], copy=True) for g in groups})
+        elif meta:  # only what is still on meta: drawn weights (and a stage's freed parts) stay as they are
             trace.materialize(self, meta.__contains__)
         if self.is_materialized:
-            self.init_trace = None
+            self.init_trace = self.weight_source = None
+
+    def load_weights(self, state: Mapping[str, torch.Tensor]) -> None:
+        """``load_state_dict(state)`` (strict); a deferred model instead takes ``state`` as its weights'
+        source: :meth:`materialize` copies a part's tensors from it (a pipeline stage its own parts
+        only) and draws nothing."""
+        if getattr(self, "init_trace", None) is None:
+            self.load_state_dict(state)
+            return
+        expected = {n: tuple(p.shape) for n, p in self.named_parameters(remove_duplicate=False)}
+        missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+        wrong = [n for n in expected if n in state and tuple(state[n].shape) != expected[n]]
+        if missing or unexpected or wrong:
+            raise ValueError(
+                f"weights do not fit this GPT: missing {missing}, unexpected {unexpected}, "
+                f"other shapes {[(n, tuple(state[n].shape), expected[n]) for n in wrong]}"
+            )
+        self.weight_source = state
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, nn.Linear):
