@@ -219,45 +219,38 @@ def _dm(corpus, folder, cache):
 
 
 OPTIM = {"lr": 3e-3, "warmup_steps": 1, "schedule": "constant"}
-WEIGHT_TOLERANCE = 3e-6  # pipeline against one process, final weights (see the test below)
+WEIGHT_TOLERANCE = 1e-6  # pipeline against one process, final weights relative to their norm (fp64)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name, stages", [("llama", 2), ("qwen2", 4), ("gpt2", 2)])
 def test_a_pipeline_trains_the_pretrained_model_as_one_process_does(name, stages, models, corpus, tmp_path):
+    """Per-step losses within 1e-6 in fp32 and in fp64; final weights within 1e-6 of their norm in fp64.
+    fp32 weights are not compared: a tensor whose exact gradient is zero (a key bias: softmax does not
+    see a shift of the keys) gets float noise as its gradient, which Adam scales to a step of about lr
+    whatever its size, so any reassociation of the micro-batch sums moves it by up to lr (measured
+    1.7e-5 and 3.8e-5 of the norm on Qwen2's k_proj and GPT-2's c_attn biases, fp64 3.4e-8)."""
     from repro.lit.hf_module import HFCausalLMModule
 
     from test_pipeline_strategy import fit, pipeline
 
-    runs, weights = [], []
-    for k in (1, stages):
-        (tmp_path / f"k{k}").mkdir()
-        module = HFCausalLMModule(str(models[name]), OPTIM)
-        strategy = "auto" if k == 1 else pipeline(k, micro_batches=2)
-        runs.append(
-            fit(
-                tmp_path / f"k{k}",
-                _dm(corpus, models[name], tmp_path / "c"),
-                module,
-                strategy,
-                steps=3,
-                devices=k,
-            )
-        )
-        weights.append({n: p.detach().clone() for n, p in module.named_parameters()})
-    one, piped = runs[0][0]["losses"], runs[1][-1]["losses"]
-    assert len(one) == 3 and one == pytest.approx(piped, rel=1e-6)
-    assert weights[0].keys() == weights[1].keys()
-    # Weights after 3 AdamW steps: float reassociation (micro-batches of 2 against the whole batch,
-    # other kernels per thread count) is amplified by Adam where a gradient is near zero. Measured
-    # worst cases: under 1e-6 on the earlier 2-core machine, 1.0e-6 (qwen2 K=4, a matrix) and 1.2e-6
-    # (gpt2 K=2, a bias) on an AVX-512 EPYC, where the per-step losses still agree within 1e-6.
-    for n in weights[0]:
-        a, b = weights[0][n], weights[1][n]
-        if a.dim() >= 2:  # matrices: relative to their norm
-            assert float((a - b).norm() / a.norm()) < WEIGHT_TOLERANCE, n
-        else:  # norms' scales and biases (biases start at zero): absolute
-            assert float((a - b).abs().max()) < WEIGHT_TOLERANCE, n
+    for precision in ("32-true", "64-true"):
+        runs, weights = [], []
+        for k in (1, stages):
+            folder = tmp_path / f"{precision}-k{k}"
+            folder.mkdir()
+            module = HFCausalLMModule(str(models[name]), OPTIM)
+            strategy = "auto" if k == 1 else pipeline(k, micro_batches=2)
+            dm = _dm(corpus, models[name], tmp_path / "c")
+            runs.append(fit(folder, dm, module, strategy, steps=3, devices=k, precision=precision))
+            weights.append({n: p.detach().clone() for n, p in module.named_parameters()})
+        one, piped = runs[0][0]["losses"], runs[1][-1]["losses"]
+        assert len(one) == 3 and one == pytest.approx(piped, rel=1e-6), precision
+        assert weights[0].keys() == weights[1].keys()
+        if precision == "64-true":
+            for n, a in weights[0].items():
+                assert a.dtype == torch.float64
+                assert float((a - weights[1][n]).norm() / a.norm()) < WEIGHT_TOLERANCE, n
 
 
 def test_export_round_trips_through_from_pretrained_tied_as_one_tensor_untied_as_two(models, tmp_path):
