@@ -15,6 +15,7 @@ import torch
 from repro.experiments.clapping.plan import base_spec, plan_rows
 from repro.experiments.clapping.run import run_clapping
 from repro.experiments.clapping.settings import load_clapping_settings, split_compressor
+from repro.experiments.clapping.table_rows import TableRow
 from repro.lit import GPTLightningModule
 from repro.models import GPTConfig
 from repro.pipeline.compressors import build_compressor
@@ -313,12 +314,10 @@ def test_each_row_gets_the_link_timing_of_its_own_method_and_the_table_shows_it(
     (tmp_path / "link" / "bench.json").write_text(json.dumps({"rows": fake}))
     monkeypatch.setattr(link_times, "check_links_possible", lambda: None)
     times = link_times.measure_link_times(settings, rows, tmp_path, note=lambda line: None)
-    table_rows = [dict(r) for r in report["rows"]]
-    link_times.with_link_times(table_rows, times)
+    table_rows = link_times.with_link_times([TableRow.from_record(r) for r in report["rows"]], times)
     for r in table_rows:
-        label = link_times.run_label(
-            link_times.ClappingRow(r["regime"], r["method"], r["compressor"], r["p"])
-        )
-        assert r["link"]["step_s"] == 0.5 + labels.index(label)
-    text = markdown({**report, "rows": table_rows, "link": {"timed_steps": 3, "warmup_steps": 2}})
+        label = link_times.run_label(link_times.ClappingRow(r.regime, r.method, r.compressor, r.p))
+        assert r.link["step_s"] == 0.5 + labels.index(label)
+    records = [r.record() for r in table_rows]
+    text = markdown({**report, "rows": records, "link": {"timed_steps": 3, "warmup_steps": 2}})
     assert "measured s/step on the shaped link" in text and "| 0.500 | 1.00 (1.00) |" in text

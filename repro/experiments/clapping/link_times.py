@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from repro.runs.model_config import load_model_config
 
 from .plan import ClappingRow
 from .settings import ClappingSettings, split_compressor
+from .table_rows import TableRow
 
 
 def run_label(row: ClappingRow) -> str:
@@ -122,8 +124,11 @@ def measure_link_times(
     return times
 
 
-def with_link_times(rows: list[dict[str, Any]], times: dict[str, dict[str, Any]] | None) -> None:
-    """Each table row gets its run's measured link figures (None where not measured)."""
-    for r in rows:
-        row = ClappingRow(r["regime"], r["method"], r["compressor"], r["p"])
-        r["link"] = None if times is None else times.get(run_label(row))
+def with_link_times(rows: list[TableRow], times: dict[str, dict[str, Any]] | None) -> list[TableRow]:
+    """The table rows, each with its run's measured link figures (None where not measured)."""
+    if times is None:
+        return [replace(r, link=None) for r in rows]
+    return [
+        replace(r, link=times.get(run_label(ClappingRow(r.regime, r.method, r.compressor, r.p))))
+        for r in rows
+    ]

@@ -23,33 +23,7 @@ from repro.stats import ALPHA, CI_LABEL, mean_std, paired_comparison, power_figu
 
 from .link_times import with_link_times
 from .settings import ClappingSettings
-
-COLUMNS = (
-    "regime",
-    "method",
-    "compressor",
-    "p",
-    "val_loss",
-    "val_loss_std",
-    "delta_vs_none",
-    "delta_ci_low",
-    "delta_ci_high",
-    "p_value",
-    "p_holm",
-    "resolved",
-    "bytes_total",
-    "compression_ratio",
-    "bytes_to_target",
-    "reached_target",
-    "buffer_bytes_max_rank",
-    "train_wall_s",
-    "emulated_net_s",
-    "link_step_s",
-    "link_speedup",
-    "link_speedup_bound",
-    "seeds",
-    "seed_losses",
-)
+from .table_rows import CSV_COLUMNS, TableRow
 
 
 def bytes_at_loss(run: dict[str, Any], target: float) -> float | None:
@@ -60,7 +34,7 @@ def bytes_at_loss(run: dict[str, Any], target: float) -> float | None:
     return None
 
 
-def regime_rows(settings: ClappingSettings, regime: str, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def regime_rows(settings: ClappingSettings, regime: str, runs: list[dict[str, Any]]) -> list[TableRow]:
     none = {r["seed"]: r for r in runs if r["method"] == "none"}
     seeds = sorted(none)
     target = statistics.fmean(r["final_val_loss"] for r in none.values()) + settings.target_margin
@@ -86,66 +60,62 @@ def regime_rows(settings: ClappingSettings, regime: str, runs: list[dict[str, An
         reached = [b for b in (bytes_at_loss(r, target) for r in group) if b is not None]
         c = compared.get((method, compressor, p))
         rows.append(
-            {
-                "regime": regime,
-                "method": method,
-                "compressor": compressor,
-                "p": p,
-                "val_loss": loss,
-                "val_loss_std": loss_std,
-                "delta_vs_none": c.mean if c else 0.0,
-                "delta_ci_low": c.ci_low if c else None,
-                "delta_ci_high": c.ci_high if c else None,
-                "p_value": c.p if c else None,
-                "p_holm": c.p_holm if c else None,
-                "resolved": c.resolved if c else None,
-                "bytes_total": statistics.fmean(r["bytes_total"] for r in group),
-                "compression_ratio": statistics.fmean(ratios) if ratios else None,
-                "bytes_to_target": statistics.fmean(reached) if len(reached) == len(group) else None,
-                "reached_target": f"{len(reached)}/{len(group)}",
-                "buffer_bytes_max_rank": max(max(r["buffer_bytes_per_rank"]) for r in group),
-                "train_wall_s": statistics.fmean(r["train_wall_s"] for r in group),
-                "emulated_net_s": statistics.fmean(
+            TableRow(
+                regime=regime,
+                method=method,
+                compressor=compressor,
+                p=p,
+                val_loss=loss,
+                val_loss_std=loss_std,
+                delta_vs_none=c.mean if c else 0.0,
+                delta_ci_low=c.ci_low if c else None,
+                delta_ci_high=c.ci_high if c else None,
+                p_value=c.p if c else None,
+                p_holm=c.p_holm if c else None,
+                resolved=c.resolved if c else None,
+                bytes_total=statistics.fmean(r["bytes_total"] for r in group),
+                compression_ratio=statistics.fmean(ratios) if ratios else None,
+                bytes_to_target=statistics.fmean(reached) if len(reached) == len(group) else None,
+                reached_target=f"{len(reached)}/{len(group)}",
+                buffer_bytes_max_rank=max(max(r["buffer_bytes_per_rank"]) for r in group),
+                train_wall_s=statistics.fmean(r["train_wall_s"] for r in group),
+                emulated_net_s=statistics.fmean(
                     max(r["bytes_sent_per_rank"]) * 8 / (settings.bandwidth_mbps * 1e6) for r in group
                 ),
-                "seeds": sorted(r["seed"] for r in group),
-                "seed_losses": [r["final_val_loss"] for r in sorted(group, key=lambda r: r["seed"])],
-            }
+                seeds=sorted(r["seed"] for r in group),
+                seed_losses=[r["final_val_loss"] for r in sorted(group, key=lambda r: r["seed"])],
+            )
         )
     return rows
 
 
-def claims(settings: ClappingSettings, rows: list[dict[str, Any]]) -> list[dict[str, str]]:
+def claims(settings: ClappingSettings, rows: list[TableRow]) -> list[dict[str, str]]:
     """The paper's claims as this scale can test them."""
     out = []
-    ft = [r for r in rows if r["regime"] == "finetune"] or rows
-    small = [r for r in ft if r["compression_ratio"] is not None and r["compression_ratio"] <= 0.05]
+    ft = [r for r in rows if r.regime == "finetune"] or rows
+    small = [r for r in ft if r.compression_ratio is not None and r.compression_ratio <= 0.05]
     if not small:
-        best = min(
-            (r for r in ft if r["compression_ratio"]), key=lambda r: r["compression_ratio"], default=None
-        )
+        best = min((r for r in ft if r.compression_ratio), key=lambda r: r.compression_ratio, default=None)
         verdict = "fails at this byte accounting" if best else "untested"
         detail = (
             (
-                f"no row sends 5 % of none's bytes or less; the smallest ratio is {best['compression_ratio']:.3f} "
-                f"({best['method']} {best['compressor']} p={best['p']:g})"
+                f"no row sends 5 % of none's bytes or less; the smallest ratio is {best.compression_ratio:.3f} "
+                f"({best.method} {best.compressor} p={best.p:g})"
             )
             if best
             else "no compressed row"
         )
     else:
         within = [
-            r for r in small if r["delta_ci_high"] is not None and r["delta_ci_high"] <= settings.minimal_loss
+            r for r in small if r.delta_ci_high is not None and r.delta_ci_high <= settings.minimal_loss
         ]
-        beyond = [
-            r for r in small if r["delta_ci_low"] is not None and r["delta_ci_low"] > settings.minimal_loss
-        ]
+        beyond = [r for r in small if r.delta_ci_low is not None and r.delta_ci_low > settings.minimal_loss]
         verdict = "holds" if within else "fails" if len(beyond) == len(small) else "unresolved"
         detail = ", ".join(
-            f"{r['method']} {r['compressor']} p={r['p']:g}: ratio {r['compression_ratio']:.3f}, Δ "
-            f"{r['delta_vs_none']:+.4f} [{r['delta_ci_low']:+.4f}, {r['delta_ci_high']:+.4f}]"
+            f"{r.method} {r.compressor} p={r.p:g}: ratio {r.compression_ratio:.3f}, Δ "
+            f"{r.delta_vs_none:+.4f} [{r.delta_ci_low:+.4f}, {r.delta_ci_high:+.4f}]"
             for r in small
-            if r["delta_ci_low"] is not None
+            if r.delta_ci_low is not None
         )
     out.append(
         {
@@ -157,28 +127,28 @@ def claims(settings: ClappingSettings, rows: list[dict[str, Any]]) -> list[dict[
         }
     )
     for method in ("clapping_fc", "clapping_fu"):
-        for compressor in sorted({r["compressor"] for r in ft if r["method"] == method}):
-            by_p = {r["p"]: r for r in ft if r["method"] == method and r["compressor"] == compressor}
+        for compressor in sorted({r.compressor for r in ft if r.method == method}):
+            by_p = {r.p: r for r in ft if r.method == method and r.compressor == compressor}
             if 1.0 not in by_p or len(by_p) < 2:
                 continue
             tests = with_holm(
                 {
-                    p: paired_comparison(by_p[p]["seed_losses"], by_p[1.0]["seed_losses"])
+                    p: paired_comparison(by_p[p].seed_losses, by_p[1.0].seed_losses)
                     for p in sorted(by_p)
-                    if p < 1.0 and by_p[p]["seeds"] == by_p[1.0]["seeds"]
+                    if p < 1.0 and by_p[p].seeds == by_p[1.0].seeds
                 }
             )
             better = [p for p, c in tests.items() if c.resolved and c.mean < 0]
             worse = [p for p, c in tests.items() if c.resolved and c.mean > 0]
             verdict = "holds" if better else "fails" if tests and len(worse) == len(tests) else "unresolved"
             detail = "; ".join(
-                f"p={p:g}: {by_p[p]['val_loss']:.4f} vs p=1 {by_p[1.0]['val_loss']:.4f}, Δ {c.mean:+.4f}"
+                f"p={p:g}: {by_p[p].val_loss:.4f} vs p=1 {by_p[1.0].val_loss:.4f}, Δ {c.mean:+.4f}"
                 + (
                     f" [{c.ci_low:+.4f}, {c.ci_high:+.4f}], Holm p {c.p_holm:.3f}"
                     if c.ci_low is not None
                     else ""
                 )
-                + f", bytes ratio {by_p[p]['compression_ratio']:.3f} vs {by_p[1.0]['compression_ratio']:.3f}"
+                + f", bytes ratio {by_p[p].compression_ratio:.3f} vs {by_p[1.0].compression_ratio:.3f}"
                 for p, c in tests.items()
             )
             out.append(
@@ -225,7 +195,7 @@ def build_report(
             diffs.append([a["final_val_loss"] - b["final_val_loss"] for a, b in zip(group, none)])
             groups.append([r["final_val_loss"] for r in group])
         power[regime] = power_figures(diffs, groups, len(settings.seeds), settings.minimal_loss)
-    with_link_times(rows, link_times)
+    rows = with_link_times(rows, link_times)
     return {
         "scale": settings.scale,
         "git_commit": git_commit(),
@@ -243,7 +213,7 @@ def build_report(
         "total_runs": len(runs) + (base is not None),  # the rows and the base model
         "trained_runs": trained_runs,
         "base": base,
-        "rows": rows,
+        "rows": [r.record() for r in rows],  # flat records at the file boundary
         "claims": claims(settings, rows),
         "statistics": power,
         "quantizer_errors": quantizer_errors,
@@ -262,20 +232,20 @@ def _fmt_bytes(n: float | None) -> str:
     return f"{n:.1f} GB"
 
 
-def _delta(r: dict[str, Any]) -> str:
-    if r["method"] == "none":
+def _delta(r: TableRow) -> str:
+    if r.is_reference:
         return "-"
-    if r["delta_ci_low"] is None:
-        return f"{r['delta_vs_none']:+.4f}"
-    text = f"{r['delta_vs_none']:+.4f} [{r['delta_ci_low']:+.4f}, {r['delta_ci_high']:+.4f}]"
-    return f"**{text}**" if r["resolved"] else text
+    if r.delta_ci_low is None:
+        return f"{r.delta_vs_none:+.4f}"
+    text = f"{r.delta_vs_none:+.4f} [{r.delta_ci_low:+.4f}, {r.delta_ci_high:+.4f}]"
+    return f"**{text}**" if r.resolved else text
 
 
 LINK_HEAD = " measured s/step on the shaped link | measured speed-up vs none (Amdahl bound) |"
 
 
-def _link_cells(r: dict[str, Any]) -> str:
-    m = r.get("link")
+def _link_cells(r: TableRow) -> str:
+    m = r.link
     if m is None:
         return " - | - |"
     return f" {m['step_s']:.3f} | {m['speedup']:.2f} ({m['speedup_bound']:.2f}) |"
@@ -283,6 +253,7 @@ def _link_cells(r: dict[str, Any]) -> str:
 
 def markdown(report: dict[str, Any]) -> str:
     s = report["settings"]
+    rows = [TableRow.from_record(r) for r in report["rows"]]
     lines = []
     for regime in s["regimes"]:
         grid = s[regime]
@@ -296,15 +267,15 @@ def markdown(report: dict[str, Any]) -> str:
             * bool(report.get("link")),
             "|" + "---|" * (12 + 2 * bool(report.get("link"))),
         ]
-        for r in (r for r in report["rows"] if r["regime"] == regime):
-            ratio = "-" if r["compression_ratio"] is None else f"{r['compression_ratio']:.3f}"
-            p_holm = "-" if r["p_holm"] is None else f"{r['p_holm']:.3f}"
+        for r in (r for r in rows if r.regime == regime):
+            ratio = "-" if r.compression_ratio is None else f"{r.compression_ratio:.3f}"
+            p_holm = "-" if r.p_holm is None else f"{r.p_holm:.3f}"
             lines.append(
-                f"| {r['method']} | {r['compressor']} | {r['p']:g} | {_pm(r['val_loss'], r['val_loss_std'])} | "
-                f"{_delta(r)} | {p_holm} | {_fmt_bytes(r['bytes_total'])} | {ratio} | "
-                f"{_fmt_bytes(r['bytes_to_target'])} ({r['reached_target']}) | "
-                f"{_fmt_bytes(r['buffer_bytes_max_rank'])} | "
-                f"{r['train_wall_s']:.1f} | {r['emulated_net_s']:.2f} |"
+                f"| {r.method} | {r.compressor} | {r.p:g} | {_pm(r.val_loss, r.val_loss_std)} | "
+                f"{_delta(r)} | {p_holm} | {_fmt_bytes(r.bytes_total)} | {ratio} | "
+                f"{_fmt_bytes(r.bytes_to_target)} ({r.reached_target}) | "
+                f"{_fmt_bytes(r.buffer_bytes_max_rank)} | "
+                f"{r.train_wall_s:.1f} | {r.emulated_net_s:.2f} |"
                 + (_link_cells(r) if report.get("link") else "")
             )
         st = report["statistics"][regime]
@@ -360,12 +331,9 @@ def write_report(report: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "clapping_table.md", markdown(report))
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    writer = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, lineterminator="\n")
     writer.writeheader()
     for r in report["rows"]:
-        joined = {k: " ".join(str(v) for v in r[k]) for k in ("seeds", "seed_losses")}
-        link = r.get("link") or {}  # measured on shaped links (empty: not measured)
-        flat = {f"link_{k}": link.get(k) for k in ("step_s", "speedup", "speedup_bound")}
-        writer.writerow({**{k: v for k, v in r.items() if k != "link"}, **joined, **flat})
+        writer.writerow(TableRow.from_record(r).csv_record())
     write_text_atomic(out / "clapping_table.csv", buf.getvalue())
     write_json_atomic(out / "clapping_table.json", report)

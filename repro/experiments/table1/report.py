@@ -8,6 +8,7 @@ step). Delta vs uniform is paired by seed: the mean and std over seeds of loss(r
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 from typing import Any
 
 from repro.alloc.accounting import account_model
@@ -20,6 +21,7 @@ from repro.stats import PairedComparison, mean_std, paired_comparison, power_fig
 
 from .plan import ROW_METHODS, widths_name
 from .results import ArchOutcome
+from .rows import ArchCells, Table1Row
 from .settings import Table1Settings
 
 
@@ -66,34 +68,33 @@ def _row_label(method: str, settings: Table1Settings) -> str:
 
 def arch_columns(
     o: ArchOutcome, method: str, seeds: tuple[int, ...], vs_uniform: PairedComparison | None
-) -> dict:
+) -> ArchCells:
     """The columns of one architecture for one method (random-k: every draw)."""
     allocs = [a for a in o.allocations if a.method == method]
     losses = [o.run(a.widths, seed).final_val_loss for a in allocs for seed in seeds]
     mean, std = mean_std(losses)
     cost = _accounting(o, allocs[0].widths)
-    p = o.plan.arch
     c = vs_uniform
-    return {
-        f"{p}_high_layers": "; ".join(",".join(map(str, a.high_layers)) or "-" for a in allocs),
-        f"{p}_widths": "; ".join(" ".join(map(str, a.widths)) for a in allocs),
-        f"{p}_mean_level": allocs[0].mean_level,
-        f"{p}_loss_mean": mean,
-        f"{p}_loss_std": std,
-        f"{p}_delta_vs_uniform": c.mean if c else 0.0,
-        f"{p}_delta_std": c.std if c else None,
-        f"{p}_delta_ci_low": c.ci_low if c else None,
-        f"{p}_delta_ci_high": c.ci_high if c else None,
-        f"{p}_p": c.p if c else None,
-        f"{p}_p_holm": c.p_holm if c else None,
-        f"{p}_p_wilcoxon": c.p_wilcoxon if c else None,
-        f"{p}_p_sign": c.p_sign if c else None,
-        f"{p}_resolved": c.resolved if c else None,
-        f"{p}_runs": len(losses),
-        f"{p}_kv_elements_per_token": cost["kv_cache_elements"],
-        f"{p}_rope_flops_per_token": cost["rope_flops"],
-        f"{p}_attention_flops_per_token": cost["attention_flops"],
-    }
+    return ArchCells(
+        high_layers="; ".join(",".join(map(str, a.high_layers)) or "-" for a in allocs),
+        widths="; ".join(" ".join(map(str, a.widths)) for a in allocs),
+        mean_level=allocs[0].mean_level,
+        loss_mean=mean,
+        loss_std=std,
+        delta_vs_uniform=c.mean if c else 0.0,
+        delta_std=c.std if c else None,
+        delta_ci_low=c.ci_low if c else None,
+        delta_ci_high=c.ci_high if c else None,
+        p=c.p if c else None,
+        p_holm=c.p_holm if c else None,
+        p_wilcoxon=c.p_wilcoxon if c else None,
+        p_sign=c.p_sign if c else None,
+        resolved=c.resolved if c else None,
+        runs=len(losses),
+        kv_elements_per_token=cost["kv_cache_elements"],
+        rope_flops_per_token=cost["rope_flops"],
+        attention_flops_per_token=cost["attention_flops"],
+    )
 
 
 def power(o: ArchOutcome, seeds: tuple[int, ...], target: float) -> dict[str, Any]:
@@ -230,17 +231,14 @@ def build_table(
     }
     rows = []
     for method in ROW_METHODS:
-        row: dict[str, Any] = {
-            "method": _row_label(method, settings),
-            "budget_matched": method not in REFERENCE_POINTS,
-        }
+        cells = {}
         for o in outcomes:
-            row.update(arch_columns(o, method, seeds, vs_uniform[o.plan.arch].get(method)))
             held = marks.get(o.plan.arch, {}).get(method)
-            row[f"{o.plan.arch}_mark_holds_under_float_spread"] = (
-                None if held is None else len(set(held.values())) == 1
+            cells[o.plan.arch] = replace(
+                arch_columns(o, method, seeds, vs_uniform[o.plan.arch].get(method)),
+                mark_holds_under_float_spread=None if held is None else len(set(held.values())) == 1,
             )
-        rows.append(row)
+        rows.append(Table1Row(_row_label(method, settings), method not in REFERENCE_POINTS, cells))
     archs: dict[str, Any] = {}
     for o in outcomes:
         plan = o.plan
@@ -297,5 +295,5 @@ def build_table(
         },
         "architectures": archs,
         "float_spread": float_spread,
-        "rows": rows,
+        "rows": [row.record() for row in rows],  # flat records at the file boundary
     }

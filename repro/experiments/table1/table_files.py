@@ -13,6 +13,8 @@ from typing import Any
 from repro.files import write_text_atomic
 from repro.stats import ALPHA, CI_LABEL, CONFIDENCE
 
+from .rows import ArchCells, Table1Row
+
 ARCH_TITLE = {"mha": "fixed width (MHA)", "mla": "MLA"}
 
 
@@ -26,22 +28,21 @@ def _pm(mean: float, std: float | None, signed: bool = False) -> str:
     return _fmt(mean, signed=signed) + (f" ± {std:.4f}" if std is not None else "")
 
 
-def _ci(row: dict[str, Any], arch: str) -> str:
-    low, high = row.get(f"{arch}_delta_ci_low"), row.get(f"{arch}_delta_ci_high")
-    delta = _fmt(row[f"{arch}_delta_vs_uniform"], signed=True)
-    return delta if low is None else f"{delta} [{low:+.4f}, {high:+.4f}]"
+def _ci(c: ArchCells) -> str:
+    delta = _fmt(c.delta_vs_uniform, signed=True)
+    return delta if c.delta_ci_low is None else f"{delta} [{c.delta_ci_low:+.4f}, {c.delta_ci_high:+.4f}]"
 
 
-def _p(row: dict[str, Any], arch: str) -> str:
-    p = row.get(f"{arch}_p_holm")
-    if p is None:
+def _p(c: ArchCells) -> str:
+    if c.p_holm is None:
         return "-"
-    return f"**{p:.3f}**" if row.get(f"{arch}_resolved") else f"{p:.3f}"
+    return f"**{c.p_holm:.3f}**" if c.resolved else f"{c.p_holm:.3f}"
 
 
 def to_markdown(doc: dict[str, Any]) -> str:
     archs = list(doc["architectures"])
     a0 = doc["architectures"][archs[0]]
+    rows = [Table1Row.from_record(r, archs) for r in doc["rows"]]
     lines = [
         "# Table 1: validation loss of budget-matched RoPE allocations trained from scratch",
         "",
@@ -71,25 +72,24 @@ def to_markdown(doc: dict[str, Any]) -> str:
         head += ["MLA KV elems/token"]
     head += ["RoPE FLOPs/token (" + " / ".join(a.upper() for a in archs) + ")"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for row in doc["rows"]:
-        cells = [row["method"] + ("" if row["budget_matched"] else " †")]
-        for arch in archs:
-            uniform = row["method"] == "uniform"
+    for row in rows:
+        cells = [row.method + ("" if row.budget_matched else " †")]
+        for c in row.cells.values():
             cells += [
-                row[f"{arch}_high_layers"],
-                _pm(row[f"{arch}_loss_mean"], row[f"{arch}_loss_std"]),
-                "-" if uniform else _ci(row, arch),
-                "-" if uniform else _p(row, arch),
+                c.high_layers,
+                _pm(c.loss_mean, c.loss_std),
+                "-" if row.is_reference else _ci(c),
+                "-" if row.is_reference else _p(c),
             ]
         if "mla" in archs:
-            cells.append(f"{row['mla_kv_elements_per_token']:,}")
-        cells.append(" / ".join(f"{row[f'{arch}_rope_flops_per_token']:,}" for arch in archs))
+            cells.append(f"{row.cells['mla'].kv_elements_per_token:,}")
+        cells.append(" / ".join(f"{c.rope_flops_per_token:,}" for c in row.cells.values()))
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "† reference point, not budget-matched (different total rotary width).", ""]
     lines += ["## What the seeds can resolve", ""]
     for arch in archs:
         st = doc["architectures"][arch]["statistics"]
-        resolved = [r["method"] for r in doc["rows"] if r.get(f"{arch}_resolved") and r["budget_matched"]]
+        resolved = [r.method for r in rows if r.cells[arch].resolved and r.budget_matched]
         if st["paired_diff_std"] is None:
             lines.append(f"- {ARCH_TITLE[arch]}: one seed; no difference can be resolved.")
             continue
@@ -115,13 +115,11 @@ def to_markdown(doc: dict[str, Any]) -> str:
                 )
         lines += ["", "Resolved marks with each variant's uniform losses in place of the table's:", ""]
         for arch in doc["float_spread"]:
-            flips = [
-                r["method"] for r in doc["rows"] if r.get(f"{arch}_mark_holds_under_float_spread") is False
-            ]
+            flips = [r.method for r in rows if r.cells[arch].mark_holds_under_float_spread is False]
             held = [
-                r["method"]
-                for r in doc["rows"]
-                if r.get(f"{arch}_resolved") and r.get(f"{arch}_mark_holds_under_float_spread")
+                r.method
+                for r in rows
+                if r.cells[arch].resolved and r.cells[arch].mark_holds_under_float_spread
             ]
             lines.append(
                 f"- {ARCH_TITLE[arch]}: marks that hold: {', '.join(held) or 'none resolved'}; "
