@@ -44,10 +44,14 @@ class PairedComparison:
     p_wilcoxon: float | None = None  # Wilcoxon signed-rank test, exact with ties (6 seeds or more)
     p_sign: float | None = None  # exact sign test (6 seeds or more)
     p_holm: float | None = None  # p after Holm's correction across the table's rows
-    resolved: bool = False  # p_holm < alpha: the seeds tell this row from its reference
+    resolved: bool | None = False  # p_holm < alpha: the seeds tell this row from its reference
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+# the reference row against itself, in a table's columns: difference 0.0, no interval, nothing tested
+ITSELF = PairedComparison(0, 0.0, None, None, None, None, resolved=None)
 
 
 def paired_comparison(

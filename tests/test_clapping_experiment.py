@@ -59,6 +59,16 @@ def test_every_planned_row_of_both_regimes_is_in_the_table(smoke):
         len(md_rows) == len(planned) + 2 + 5
     )  # two table headers; the quantizer-error table (header + 4 rows)
     assert all(0 < r["val_loss"] < 10 for r in report["rows"])
+    # the json's flat records are the typed rows, field for field; the csv has the rows' columns
+    assert [TableRow.from_record(r).record() for r in report["rows"]] == report["rows"]
+    header = (out / "clapping_table.csv").read_text().splitlines()[0].split(",")
+    assert header == [k for k in report["rows"][0] if k != "link"][:-2] + [
+        "link_step_s",
+        "link_speedup",
+        "link_speedup_bound",
+        "seeds",
+        "seed_losses",
+    ]
     # the statistics columns: Δ vs none of the same regime (one seed: no interval, no test)
     for r in report["rows"]:
         assert {"delta_vs_none", "delta_ci_low", "delta_ci_high", "p_value", "p_holm", "resolved"} <= set(r)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from repro.experiments.table1.plan import ROW_METHODS, make_plan
+from repro.experiments.table1.rows import Table1Row
 from repro.experiments.table1.run import main as table1_main
 from repro.experiments.table1.settings import Table1Settings, load_table1_settings
 
@@ -50,6 +51,12 @@ def test_every_method_row_is_present_for_both_architectures(smoke_table):
     for arch in ARCHS:
         runs = doc["architectures"][arch]["runs"]
         assert runs and all(math.isfinite(r["final_loss"]) for r in runs.values())
+    # the file's flat records are the typed rows, field for field (and the csv's columns are theirs)
+    for record in doc["rows"]:
+        row = Table1Row.from_record(record, list(doc["architectures"]))
+        assert row.record() == record and list(row.record()) == list(record)
+    header = (smoke_table["out"] / "table1.csv").read_text().splitlines()[0].split(",")
+    assert header == ["scale", "git_commit", *doc["rows"][0]]
 
 
 @pytest.mark.slow

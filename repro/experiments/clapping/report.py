@@ -19,7 +19,7 @@ from typing import Any
 
 from repro.files import write_json_atomic, write_text_atomic
 from repro.runs.provenance import git_commit, machine, now
-from repro.stats import ALPHA, CI_LABEL, mean_std, paired_comparison, power_figures, with_holm
+from repro.stats import ALPHA, CI_LABEL, ITSELF, mean_std, paired_comparison, power_figures, with_holm
 
 from .link_times import with_link_times
 from .settings import ClappingSettings
@@ -58,21 +58,11 @@ def regime_rows(settings: ClappingSettings, regime: str, runs: list[dict[str, An
             r["bytes_total"] / none[r["seed"]]["bytes_total"] for r in group if none[r["seed"]]["bytes_total"]
         ]
         reached = [b for b in (bytes_at_loss(r, target) for r in group) if b is not None]
-        c = compared.get((method, compressor, p))
+        c = compared.get((method, compressor, p), ITSELF)
         rows.append(
             TableRow(
-                regime=regime,
-                method=method,
-                compressor=compressor,
-                p=p,
-                val_loss=loss,
-                val_loss_std=loss_std,
-                delta_vs_none=c.mean if c else 0.0,
-                delta_ci_low=c.ci_low if c else None,
-                delta_ci_high=c.ci_high if c else None,
-                p_value=c.p if c else None,
-                p_holm=c.p_holm if c else None,
-                resolved=c.resolved if c else None,
+                *(regime, method, compressor, p, loss, loss_std),
+                *(c.mean, c.ci_low, c.ci_high, c.p, c.p_holm, c.resolved),
                 bytes_total=statistics.fmean(r["bytes_total"] for r in group),
                 compression_ratio=statistics.fmean(ratios) if ratios else None,
                 bytes_to_target=statistics.fmean(reached) if len(reached) == len(group) else None,

@@ -17,7 +17,7 @@ from repro.alloc.analysis import calibration, predicted_gain, seed_stability, sp
 from repro.alloc.budget import num_high_layers
 from repro.runs import RunResult
 from repro.runs.provenance import display_path, git_commit, machine, now
-from repro.stats import PairedComparison, mean_std, paired_comparison, power_figures, with_holm
+from repro.stats import ITSELF, PairedComparison, mean_std, paired_comparison, power_figures, with_holm
 
 from .plan import ROW_METHODS, widths_name
 from .results import ArchOutcome
@@ -74,22 +74,14 @@ def arch_columns(
     losses = [o.run(a.widths, seed).final_val_loss for a in allocs for seed in seeds]
     mean, std = mean_std(losses)
     cost = _accounting(o, allocs[0].widths)
-    c = vs_uniform
+    c = vs_uniform or ITSELF
     return ArchCells(
-        high_layers="; ".join(",".join(map(str, a.high_layers)) or "-" for a in allocs),
-        widths="; ".join(" ".join(map(str, a.widths)) for a in allocs),
-        mean_level=allocs[0].mean_level,
-        loss_mean=mean,
-        loss_std=std,
-        delta_vs_uniform=c.mean if c else 0.0,
-        delta_std=c.std if c else None,
-        delta_ci_low=c.ci_low if c else None,
-        delta_ci_high=c.ci_high if c else None,
-        p=c.p if c else None,
-        p_holm=c.p_holm if c else None,
-        p_wilcoxon=c.p_wilcoxon if c else None,
-        p_sign=c.p_sign if c else None,
-        resolved=c.resolved if c else None,
+        "; ".join(",".join(map(str, a.high_layers)) or "-" for a in allocs),
+        "; ".join(" ".join(map(str, a.widths)) for a in allocs),
+        allocs[0].mean_level,
+        mean,
+        std,
+        *(c.mean, c.std, c.ci_low, c.ci_high, c.p, c.p_holm, c.p_wilcoxon, c.p_sign, c.resolved),
         runs=len(losses),
         kv_elements_per_token=cost["kv_cache_elements"],
         rope_flops_per_token=cost["rope_flops"],
