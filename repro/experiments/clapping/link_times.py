@@ -126,8 +126,7 @@ def measure_link_times(
 
 def with_link_times(rows: list[TableRow], times: dict[str, dict[str, Any]] | None) -> list[TableRow]:
     """The table rows, each with its run's measured link figures (None where not measured)."""
-    if times is None:
-        return [replace(r, link=None) for r in rows]
+    times = times or {}
     return [
         replace(r, link=times.get(run_label(ClappingRow(r.regime, r.method, r.compressor, r.p))))
         for r in rows

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 LINK_FIGURES = ("step_s", "speedup", "speedup_bound")  # measured on shaped links (link_times)
+LISTS = ("seeds", "seed_losses")  # list fields: space-joined in the CSV, after the link columns
 
 
 @dataclass(frozen=True)
@@ -49,14 +50,14 @@ class TableRow:
 
     def csv_record(self) -> dict[str, Any]:
         """The CSV's columns (``CSV_COLUMNS``): lists joined by spaces, the link figures flattened."""
-        out = {k: v for k, v in self.record().items() if k not in ("link", "seeds", "seed_losses")}
+        out = {k: v for k, v in self.record().items() if k not in ("link", *LISTS)}
         out.update({f"link_{k}": (self.link or {}).get(k) for k in LINK_FIGURES})
-        out.update({k: " ".join(str(v) for v in getattr(self, k)) for k in ("seeds", "seed_losses")})
+        out.update({k: " ".join(str(v) for v in getattr(self, k)) for k in LISTS})
         return out
 
 
 CSV_COLUMNS = tuple(
-    [f.name for f in fields(TableRow) if f.name not in ("link", "seeds", "seed_losses")]
+    [f.name for f in fields(TableRow) if f.name not in ("link", *LISTS)]
     + [f"link_{k}" for k in LINK_FIGURES]
-    + ["seeds", "seed_losses"]
+    + list(LISTS)
 )
