@@ -63,7 +63,12 @@ class Recorder(L.Callback):
             self.digests.append(trainer.strategy.buffer_digests())
 
     def on_train_end(self, trainer, pl_module) -> None:
-        record = {"losses": self.losses, "grads": self.grad_steps, "digests": self.digests}
+        record = {
+            "losses": self.losses,
+            "grads": self.grad_steps,
+            "digests": self.digests,
+            "threads": torch.get_num_threads(),  # this rank's torch threads (a stage process's share of the cores)
+        }
         s = trainer.strategy
         if isinstance(s, ClappingStrategy):
             record.update(
