@@ -142,6 +142,15 @@ def test_summary_and_ratios():
         goal=1.2,
     )
     assert r["ratio"] == pytest.approx(1.5) and r["goal_met"] is True
+    # the mean ratio's 95% t interval: 1.5 +- 12.706 * 0.7071 / sqrt(2): the goal is inside it
+    assert (r["ratio_ci_low"], r["ratio_ci_high"]) == pytest.approx((1.5 - 6.3531, 1.5 + 6.3531), abs=1e-3)
+    assert r["goal_resolved"] is False
+    tight = [1.10, 1.12, 1.11]
+    assert row("x", "a", "t", "s", tight, reference="b", ratios=tight, goal=1.0)["goal_resolved"] is True
+    missed = row("x", "a", "t", "s", tight, reference="b", ratios=tight, goal=1.2)
+    assert missed["goal_met"] is False and missed["goal_resolved"] is True
+    one = row("x", "a", "t", "s", [1.0], reference="b", ratios=[1.1], goal=1.0)
+    assert "ratio_ci_low" not in one and one["goal_met"] is True and one["goal_resolved"] is None
     with pytest.raises(ValueError, match="as many repeats"):
         pairwise([1.0], [1.0, 2.0])
     assert not all_finite({"a": [1.0, float("nan")]})
@@ -185,6 +194,15 @@ def test_shipped_presets_load():
     for preset in ("full", "quick"):
         s = load_settings(preset)
         assert s.preset == preset and s.sections == SECTIONS
+    race = load_settings("versus_torch")
+    assert race.preset == "versus_torch" and race.sections == ("pipeline", "hf")
+    assert (race.n_layer, race.n_embd, race.batch_size, race.micro_batches, race.stages) == (
+        (full := load_settings("full")).n_layer,
+        full.n_embd,
+        full.batch_size,
+        full.micro_batches,
+        full.stages,
+    )  # the full preset's model and batch, more repeats
 
 
 def test_the_hf_section_races_the_strategy_against_torch_pipelining_on_the_same_hf_model(quick_report):
@@ -194,3 +212,31 @@ def test_the_hf_section_races_the_strategy_against_torch_pipelining_on_the_same_
         ours = names[f"HF Llama clapping none+identity K={k}"]
         assert ours["reference"] == f"HF Llama torch.distributed.pipelining GPipe K={k}" in names
         assert ours["goal"] == 1.0 and ours["stages"] == k and ours["ratio"] > 0
+
+
+def test_taking_turns_splits_the_barrier_releases_into_alternate_steps():
+    from repro.experiments.bench.versus_torch import turn_times
+
+    ours, theirs = turn_times([10.0, 11.0, 13.0, 14.5, 16.5])  # start, ours 0, theirs 0, ours 1, theirs 1
+    assert ours == [1.0, 1.5] and theirs == [2.0, 2.0]
+    with pytest.raises(ValueError, match="two per step"):
+        turn_times([10.0, 11.0])
+
+
+def test_a_pipeline_that_fails_while_the_other_waits_for_its_turn_ends_both(monkeypatch):
+    """torch's ranks fail while building their stages; ours, waiting at the shared barrier for
+    them, stop at once (the barrier is broken) instead of waiting out its timeout."""
+    import time
+
+    from repro.experiments.bench import versus_torch
+    from repro.experiments.bench.workload import gpt_config
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no stage")
+
+    monkeypatch.setattr(versus_torch, "stage_module", broken)  # the forked workers inherit it
+    s = load_settings("quick")
+    start = time.perf_counter()
+    with pytest.raises(Exception, match="no stage"):  # torch's failure, not ours' broken barrier
+        versus_torch.paired_runs(gpt_config(s), s, 2)
+    assert time.perf_counter() - start < versus_torch.TURN_TIMEOUT_S / 5

@@ -3,7 +3,7 @@
 - per-rank memory of a K-stage split: the parameter bytes each rank reads (only its own stage,
   through the meta device) against the whole model (goal: the largest rank at most 1/K + 10 %);
 - the clapping strategy (method none) against ``torch.distributed.pipelining`` on the same model
-  and the same stage cut, at every K of the bench (goal >= 1.0);
+  and the same stage cut, the two taking turns step by step, at every K of the bench (goal >= 1.0);
 - the Lightning path (Trainer + ``HFCausalLMModule``) against a plain loop on the Hugging Face
   model's own forward, the two alternating step by step on the same batches (goal >= 0.97).
 """
@@ -20,10 +20,9 @@ import torch
 from repro.runs.build import make_trainer
 
 from .measure import row
-from .pipeline_sections import versus_torch_rows
-from .pipelines import clapping_run, torch_pipelining_run
 from .settings import BenchSettings
 from .single_process import CLIP, _PairedPlainSteps, lightning_rows
+from .versus_torch import paired_runs, versus_torch_rows
 from .workload import OPTIM, loader
 
 
@@ -134,17 +133,18 @@ def bench_hf(s: BenchSettings, progress: Callable[[str], None]) -> list[dict[str
 
 def hf_pipeline_rows(folder: Path, s: BenchSettings, progress: Callable[[str], None]) -> list[dict[str, Any]]:
     """The clapping strategy (method none) against torch.distributed.pipelining on the same Hugging
-    Face model, cut by the same stage adapter, each rank reading only its own stage; alternating
-    run by run (goal >= 1.0)."""
+    Face model, cut by the same stage adapter, each rank reading only its own stage; the two
+    taking turns step by step (goal >= 1.0)."""
     tokens = s.batch_size * s.block_size
     rows = []
     for k in s.stages:
         ours, ref = [], []
         for r in range(s.pipe_repeats):
             progress(
-                f"hf: repeat {r + 1} of {s.pipe_repeats}: K={k} clapping, then torch.distributed.pipelining"
+                f"hf: repeat {r + 1} of {s.pipe_repeats}: K={k} clapping and torch.distributed.pipelining, taking turns"
             )
-            ours.append(clapping_run(folder, s, k, seed=r))
-            ref.append(torch_pipelining_run(folder, s, k, seed=r))
+            mine, theirs = paired_runs(folder, s, k, seed=r)
+            ours.append(mine)
+            ref.append(theirs)
         rows += versus_torch_rows("hf", "HF Llama ", k, tokens, ours, ref, ", same HF model")
     return rows

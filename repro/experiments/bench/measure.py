@@ -7,6 +7,8 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from repro.stats import mean_interval
+
 
 def summary(values: Sequence[float]) -> dict[str, Any]:
     """Median, min, max and the relative spread (max - min) / median of repeated measurements."""
@@ -39,8 +41,10 @@ def row(
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One row: the measurement's summary and, against a reference, the summary of the ratios
-    (one ratio per interleaved repeat, so drift of the shared machine cancels within a pair).
-    ``goal`` is met when the median ratio is >= goal (goal_kind 'min') or <= goal ('max')."""
+    (one ratio per interleaved repeat, so drift of the shared machine cancels within a pair) with
+    the 95 % confidence interval of their mean (Student t; two repeats or more).
+    ``goal`` is met when the median ratio is >= goal (goal_kind 'min') or <= goal ('max'); it is
+    resolved when the whole interval lies on one side of the goal (None without an interval)."""
     out: dict[str, Any] = {
         "section": section,
         "name": name,
@@ -55,11 +59,16 @@ def row(
         out["ratio"] = r["median"]
         out["ratio_min"], out["ratio_max"] = r["min"], r["max"]
         out["ratio_meaning"] = ratio_meaning
+        if len(r["values"]) > 1:
+            _, out["ratio_ci_low"], out["ratio_ci_high"] = mean_interval(r["values"])
     out["goal"] = goal
     out["goal_kind"] = goal_kind if goal is not None else None
     out["goal_met"] = None
+    out["goal_resolved"] = None
     if goal is not None and out["ratio"] is not None:
         out["goal_met"] = bool(out["ratio"] >= goal) if goal_kind == "min" else bool(out["ratio"] <= goal)
+        if "ratio_ci_low" in out:
+            out["goal_resolved"] = bool(out["ratio_ci_low"] > goal or out["ratio_ci_high"] < goal)
     if extra:
         out.update(extra)
     return out

@@ -8,41 +8,10 @@ from collections.abc import Callable
 from typing import Any
 
 from .measure import pairwise, row
-from .pipelines import clapping_run, one_process_run, torch_pipelining_run
+from .pipelines import clapping_run, one_process_run
 from .settings import BenchSettings
+from .versus_torch import OURS, paired_runs, versus_torch_rows
 from .workload import gpt_config
-
-OURS = "clapping none+identity"
-TORCH = "torch.distributed.pipelining GPipe"
-
-
-def versus_torch_rows(
-    section: str, model: str, k: int, tokens: int, ours: list[dict], ref: list[dict], same: str = ""
-) -> list[dict[str, Any]]:
-    """torch.distributed.pipelining's throughput at K stages, and ours against it (goal >= 1.0);
-    ``model`` prefixes the labels, ``same`` ends the ratio's meaning."""
-    ours_tps = [tokens / x["step_s"] for x in ours]
-    ref_tps = [tokens / x["step_s"] for x in ref]
-
-    def peak(runs: list[dict]) -> dict[str, Any]:
-        return {"stages": k, "peak_rss_max": max(max(x["peak_rss"]) for x in runs)}
-
-    torch_label = f"{model}{TORCH} K={k}"
-    return [
-        row(section, torch_label, "throughput", "tokens/s", ref_tps, extra=peak(ref)),
-        row(
-            section,
-            f"{model}{OURS} K={k}",
-            "throughput",
-            "tokens/s",
-            ours_tps,
-            reference=torch_label,
-            ratios=pairwise(ours_tps, ref_tps),
-            ratio_meaning="tokens/s of ours / tokens/s of torch.distributed.pipelining" + same,
-            goal=1.0,
-            extra=peak(ours),
-        ),
-    ]
 
 
 def bench_pipeline(
@@ -58,10 +27,12 @@ def bench_pipeline(
         one.append(one_process_run(cfg, s, seed=r)["step_s"])
         for k in s.stages:
             progress(
-                f"pipeline: repeat {r + 1} of {s.pipe_repeats}: K={k} clapping, then torch.distributed.pipelining"
+                f"pipeline: repeat {r + 1} of {s.pipe_repeats}: K={k} clapping and torch.distributed.pipelining, "
+                f"taking turns"
             )
-            ours[k].append(clapping_run(cfg, s, k, seed=r))
-            ref[k].append(torch_pipelining_run(cfg, s, k, seed=r))
+            mine, theirs = paired_runs(cfg, s, k, seed=r)
+            ours[k].append(mine)
+            ref[k].append(theirs)
     store["pipeline"] = {"ours": ours, "torch": ref, "one_process_step_s": one}
     one_tps = [tokens / t for t in one]
     rows = [row("pipeline", "one process (Lightning, all cores)", "throughput", "tokens/s", one_tps)]

@@ -1,9 +1,9 @@
-"""Multi-process benchmarks: the ``clapping`` strategy against ``torch.distributed.pipelining``
-(PipelineStage + ScheduleGPipe) on the same model split, micro-batches and processes; one
-process; the emulated slow network; and how step time and bytes grow with K and T.
+"""Multi-process benchmark runs: one run of the ``clapping`` strategy at K stages (the emulated slow
+network, and how step time and bytes grow with K and T), one process, and what the runs share
+with the race against ``torch.distributed.pipelining`` (``versus_torch``).
 
 Every run starts K fresh processes (fork, gloo on CPU). Each process uses ``cores // K`` threads
-(at least 1) in both frameworks. The clock runs on rank 0 from the end of the warm-up steps."""
+(at least 1). The clock runs on rank 0 from the end of the warm-up steps."""
 
 from __future__ import annotations
 
@@ -16,16 +16,12 @@ from typing import Any
 
 import lightning as L
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-from lightning.fabric.plugins.environments.lightning import find_free_network_port
 
 from repro.cores import threads_per_process
 from repro.files import write_json_atomic
 from repro.lit import GPTLightningModule
 from repro.models import GPTConfig
 from repro.pipeline.lightning import ClappingStrategy
-from repro.pipeline.stage_parts import MaterializesStages, StageSplit, layers_per_stage, stage_adapter_for
 from repro.runs.build import make_trainer
 
 from .settings import BenchSettings, NetworkRun
@@ -128,77 +124,6 @@ def bench_module(model: BenchModel, seed: int = 0) -> L.LightningModule:
 
 def _block_size(model: BenchModel) -> int | None:
     return model.block_size if isinstance(model, GPTConfig) else None  # an HF model: the bench's T
-
-
-def stage_module(module: L.LightningModule, rank: int, k: int) -> tuple[torch.nn.Sequential, list]:
-    """Stage ``rank`` of the module for torch.distributed.pipelining, cut by the same stage adapter
-    as the clapping strategy's stages (equal layer counts), with only its own parts materialized;
-    and its parameters that other stages hold too (tied weights)."""
-    adapter = stage_adapter_for(module)
-    parts = adapter.parts()
-    split = StageSplit(rank, k, layers_per_stage(len(parts.layers), k), parts)
-    modules = split.modules_of(rank)
-    if isinstance(adapter, MaterializesStages):
-        adapter.materialize(modules)
-    stage = torch.nn.Sequential(*modules)
-    others = {id(q) for st in range(k) if st != rank for m in split.modules_of(st) for q in m.parameters()}
-    return stage, [q for q in stage.parameters() if id(q) in others]
-
-
-def _torch_worker(
-    rank: int, k: int, port: int, model: BenchModel, s: BenchSettings, folder: str, seed: int
-) -> None:
-    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe  # heavy; only in these workers
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(threads_per_process(k))
-    dist.init_process_group("gloo", rank=rank, world_size=k)
-    try:
-        module = bench_module(model, seed)  # the same model object and optimizer as ours
-        adapter = stage_adapter_for(module)
-        stage_part, tied = stage_module(module, rank, k)
-        stage = PipelineStage(stage_part, rank, k, torch.device("cpu"))
-        schedule = ScheduleGPipe(
-            stage, s.micro_batches, loss_fn=lambda out, y: adapter.loss(out, {"targets": y})
-        )
-        params = [p for p in stage_part.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=OPTIM["lr"])
-        # a tied embedding and head (the suite's GPT): the first and last stage each hold the weight,
-        # and summing its two gradients keeps them one weight (as the clapping strategy does)
-        tied_group = dist.new_group([0, k - 1])
-        steps = s.pipe_warmup_steps + s.pipe_timed_steps
-        times = []
-        for batch in loader(s, steps, _block_size(model)):
-            opt.zero_grad(set_to_none=True)
-            if rank == 0:
-                schedule.step(batch["input_ids"])
-            elif rank == k - 1:
-                schedule.step(target=batch["targets"])
-            else:
-                schedule.step()
-            for weight in tied:
-                dist.all_reduce(weight.grad, group=tied_group)
-            opt.step()
-            times.append(time.perf_counter())
-        write_json_atomic(Path(folder) / f"rank{rank}.json", {"times": times, "peak_rss": peak_rss_bytes()})
-    finally:
-        dist.destroy_process_group()
-
-
-def torch_pipelining_run(model: BenchModel, s: BenchSettings, k: int, seed: int = 0) -> dict[str, Any]:
-    """One run of PyTorch's own pipeline (PipelineStage + ScheduleGPipe) at K stages."""
-    with tempfile.TemporaryDirectory(prefix="repro-bench-") as tmp:
-        mp.start_processes(
-            _torch_worker,
-            args=(k, find_free_network_port(), model, s, tmp, seed),
-            nprocs=k,
-            start_method="fork",
-        )
-        ranks = _read_ranks(Path(tmp), k)
-    return {
-        "step_s": _mean_step_s(ranks[0]["times"], s.pipe_warmup_steps),
-        "peak_rss": [r["peak_rss"] for r in ranks],
-    }
 
 
 def one_process_run(cfg: GPTConfig, s: BenchSettings, seed: int = 0) -> dict[str, Any]:

@@ -139,20 +139,28 @@ def format_table(report: dict[str, Any]) -> str:
         f"Benchmark `{report['preset']}` at commit {report['git_commit']}, {report['created']}, "
         f"{report['machine']['cpus']} CPUs, torch {report['machine']['torch']}, {report['wall_s'] / 60:.1f} min."
     )
-    columns = ["section", "row", "median", "min..max", "n", "ratio (median, min..max)", "goal", "notes"]
+    ratio_column = "ratio (median, min..max; 95% CI of the mean)"
+    columns = ["section", "row", "median", "min..max", "n", ratio_column, "goal", "notes"]
     lines = table_head(title, columns)
     for r in report["rows"]:
         unit = r["unit"]
         ratio = "" if r["ratio"] is None else f"{r['ratio']:.3f} ({r['ratio_min']:.3f}..{r['ratio_max']:.3f})"
+        if r.get("ratio_ci_low") is not None:
+            ratio += f"; CI {r['ratio_ci_low']:.3f}..{r['ratio_ci_high']:.3f}"
         goal = ""
         if r["goal"] is not None:
             goal = f"{'>=' if r['goal_kind'] == 'min' else '<='} {r['goal']:g}: {'met' if r['goal_met'] else 'MISSED'}"
+            if r.get("goal_resolved") is False:
+                goal += " (unresolved: the CI spans the goal)"
         lines.append(
             f"| {r['section']} | {r['name']} | {_fmt(r['median'], unit)} {'' if unit == 'bytes' else unit} | "
             f"{_fmt(r['min'], unit)}..{_fmt(r['max'], unit)} | {r['repeats']} | {ratio} | {goal} | {_note(r)} |"
         )
     lines.append("")
-    lines.append("Ratios are medians of per-repeat ratios (the repeats are interleaved). What each ratio is:")
+    lines.append(
+        "Ratios are medians of per-repeat ratios (the repeats are interleaved), with the 95% CI of their mean "
+        "(Student t); a goal is unresolved when that CI spans it. What each ratio is:"
+    )
     lines.append("")
     seen = set()
     for r in report["rows"]:

@@ -3,7 +3,9 @@ read by the engine's settings loader.
 
 ``full`` is the default ``make bench`` (about 10 minutes on a 2-core CPU); ``quick`` is the
 subset the tests run (under 2 minutes): the same sections on a smaller model, fewer repeats;
-``gpu`` is ``make bench-gpu``: the compile section alone on the paper configs (a CUDA machine).
+``gpu`` is ``make bench-gpu``: the compile section alone on the paper configs (a CUDA machine);
+``versus_torch`` is the race against torch.distributed.pipelining (the pipeline and hf sections)
+with enough paired repeats to tell a few percent (about 25 minutes).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from repro.experiments.kit.settings import load_settings as load_settings_file
 from repro.pipeline.codecs import METHODS
 from repro.pipeline.compressors import build_compressor
 
-PRESETS = ("full", "quick", "gpu")
+PRESETS = ("full", "quick", "gpu", "versus_torch")
 SECTIONS = (
     "lightning",
     "rope",
@@ -64,7 +66,7 @@ MESSAGE_SHAPES = ((4, 128, 128), (4, 512, 512), (4, 1024, 768))
 
 @dataclass(frozen=True)
 class BenchSettings:
-    preset: Literal["full", "quick", "gpu"]  # the name written into bench.json
+    preset: Literal["full", "quick", "gpu", "versus_torch"]  # the name written into bench.json
     n_layer: int = 12  # GPT layers (divisible by every entry of stages)
     n_embd: int = 128  # hidden width
     n_head: int = 4  # attention heads
