@@ -164,6 +164,45 @@ def test_a_rank_killed_with_sigkill_ends_every_rank_naming_it(corpus, tmp_path):
     assert all(p.exitcode != 0 for p in procs)
 
 
+def _die_before_a_collective(rank: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    from repro.pipeline.transport import PipelineTimeout, stage_collectives
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    dist.barrier()
+    if rank == 1:
+        os._exit(0)  # gone without a word, as a stage process killed between two steps
+    try:
+        with stage_collectives(0, "training step 3"):
+            dist.all_reduce(torch.zeros(2))
+    except PipelineTimeout as exc:
+        Path(out).write_text(str(exc))
+
+
+def test_a_stage_that_dies_before_a_collective_is_named_by_the_stage_left_waiting(tmp_path):
+    """The survivor of a real gloo all-reduce whose peer has exited gets one line naming its stage,
+    the step and the death, not gloo's many-line read error (what torchrun prints per rank); an
+    error that is no broken connection passes through unchanged."""
+    import torch.multiprocessing as mp
+    from lightning.fabric.plugins.environments.lightning import find_free_network_port
+
+    from repro.pipeline.transport import stage_collectives
+
+    out = tmp_path / "message.txt"
+    mp.start_processes(
+        _die_before_a_collective, args=(find_free_network_port(), str(out)), nprocs=2, start_method="fork"
+    )
+    message = out.read_text()
+    assert message.startswith(
+        "stage 0: the connection closed during training step 3: a stage process has died"
+    )
+    assert "\n" not in message
+    with pytest.raises(RuntimeError, match="^a shape mismatch$"), stage_collectives(0, "training step 3"):
+        raise RuntimeError("a shape mismatch")
+
+
 def _grandchild(out: str) -> None:
     from repro.pipeline.watchdog import exit_when_parent_dies
 

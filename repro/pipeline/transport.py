@@ -16,6 +16,8 @@ per communicator, and keeping the two directions apart means a 1F1B schedule can
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -28,6 +30,38 @@ _HEADER_LEN = 10  # ndim, 8 dims, dtype code
 
 class PipelineTimeout(RuntimeError):
     """A neighbouring stage did not send in time (it has most likely failed)."""
+
+
+# how gloo and NCCL say that a peer's connection is gone (the peer process died), and that it hung
+_CLOSED = ("Connection reset", "Connection closed", "closed by peer", "Broken pipe", "Read error", "Write error",
+           "remote process exited")  # fmt: skip
+_TIMED_OUT = ("Timed out", "timed out", "operation timeout")
+
+
+@contextmanager
+def stage_collectives(rank: int, what: str) -> Iterator[None]:
+    """Around the collectives of the stage processes (a step's reductions, the tied gradients'
+    sum, clipping, an evaluation's loss): a stage process that died mid-collective shows as a
+    broken connection or a timeout in the backend's many-line error; it is raised instead as a
+    :class:`PipelineTimeout` that names this stage and what was under way, as the transport's
+    own receives do. Any other error passes through unchanged."""
+    try:
+        yield
+    except PipelineTimeout:
+        raise
+    except RuntimeError as exc:
+        text = str(exc)
+        if any(s in text for s in _CLOSED):
+            raise PipelineTimeout(
+                f"stage {rank}: the connection closed during {what}: a stage process has died (the first "
+                f"error or 'killed' message above names it)"
+            ) from None
+        if any(s in text for s in _TIMED_OUT):
+            raise PipelineTimeout(
+                f"stage {rank}: {what} timed out: a stage process has most likely failed, see its error. "
+                f"({text.splitlines()[0] if text else ''})"
+            ) from exc
+        raise
 
 
 @dataclass

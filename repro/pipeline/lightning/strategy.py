@@ -39,7 +39,7 @@ from ..stage_parts import (
     parameters_line,
     stage_adapter_for,
 )
-from ..transport import StageLinks
+from ..transport import StageLinks, stage_collectives
 from . import checkpoint, compat
 from .loader import check_reuse, training_loader
 from .processes import StageProcesses
@@ -135,12 +135,7 @@ class ClappingStrategy(StageProcesses):
             compat.optimizers_to_device(self.optimizers, self.root_device)
         compat.override_grad_norm_clipping(
             self.precision_plugin,
-            lambda optimizer, max_norm: clip_global_grad_norm(
-                [p for g in optimizer.param_groups for p in g["params"]],
-                self.local,
-                self.root_device,
-                max_norm,
-            ),
+            lambda optimizer, max_norm: self._clip(optimizer, max_norm),
         )
         links = StageLinks(
             self.global_rank,
@@ -175,7 +170,16 @@ class ClappingStrategy(StageProcesses):
         return training_loader(self, dataloader)
 
     # ------------------------------------------------------------------ steps
+    def _clip(self, optimizer, max_norm: float) -> None:
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        with stage_collectives(self.global_rank, "gradient clipping"):
+            clip_global_grad_norm(params, self.local, self.root_device, max_norm)
+
     def training_step(self, *args: Any, **kwargs: Any):
+        with stage_collectives(self.global_rank, f"training step {self.steps_done}"):
+            return self._training_step(*args, **kwargs)
+
+    def _training_step(self, *args: Any, **kwargs: Any):
         batch = args[0] if args else kwargs["batch"]
         trainer = self.lightning_module.trainer
         opts = self.options
@@ -274,7 +278,8 @@ class ClappingStrategy(StageProcesses):
     def flush_statistics(self) -> None:
         """Bring the totals up to date on every rank (a collective), e.g. before they are saved."""
         if self.window.steps:
-            self._reduce_window(self.last_report.loss if self.last_report else float("nan"))
+            with stage_collectives(self.global_rank, "the statistics' reduction"):
+                self._reduce_window(self.last_report.loss if self.last_report else float("nan"))
             self._publish(to_loggers=False)
 
     def on_train_start(self) -> None:
@@ -310,7 +315,8 @@ class ClappingStrategy(StageProcesses):
         vec = torch.zeros(2, dtype=torch.float64, device=self.root_device)
         if total is not None:
             vec[0], vec[1] = total, count
-        dist.all_reduce(vec)
+        with stage_collectives(self.global_rank, f"the {split_name} loss's reduction"):
+            dist.all_reduce(vec)
         loss = (vec[0] / vec[1]).float()
         weight = self.adapter.weight(batch)
         if isinstance(self.lightning_module, RecordsEvalLoss):
