@@ -5,7 +5,7 @@ read by the engine's settings loader.
 subset the tests run (under 2 minutes): the same sections on a smaller model, fewer repeats;
 ``gpu`` is ``make bench-gpu``: the compile section alone on the paper configs (a CUDA machine);
 ``versus_torch`` is the race against torch.distributed.pipelining (the pipeline and hf sections)
-with enough paired repeats to tell a few percent (about 25 minutes).
+with enough paired repeats to tell a few percent (19.7 minutes on a 2-core machine at b4feec6).
 """
 
 from __future__ import annotations
