@@ -171,26 +171,37 @@ def test_per_head_phase_off_is_the_forward_with_those_heads_rotation_removed(mod
             other.set_phase_off_heads({0: [0]})
 
 
-def test_repro_profile_phase_off_of_a_pretrained_model_per_layer_and_per_head(models, corpus, tmp_path):
+def test_repro_profile_phase_off_of_a_pretrained_model_per_layer_and_per_head(
+    models, corpus, tmp_path, capsys
+):
+    """The profile of the folder's weights, per layer and per key/value head; then of a fine-tune's
+    checkpoint (--ckpt-path): its reference loss is the one `repro validate` gives for that checkpoint,
+    and the profile names the weights it measured."""
+    import re
+
     import yaml
 
     from repro.alloc.profile import LayerProfile
     from repro.cli import main as repro_main
 
     config = {
-        "model": {"pretrained": str(models["llama"])},
+        "model": {"pretrained": str(models["llama"]), "optim": {"lr": 0.01, "warmup_steps": 1}},
         "data": {
             "corpus": "text_files", "text_files": [str(corpus / "*.txt")], "block_size": 16, "batch_size": 4,
             "max_val_blocks": 4, "val_fraction": 0.2, "cache_dir": str(tmp_path / "cache"),
         },
+        "trainer": {"accelerator": "cpu", "max_steps": 3, "default_root_dir": str(tmp_path / "runs"),
+                    "logger": False, "enable_progress_bar": False},
     }  # fmt: skip
     (tmp_path / "hf.yaml").write_text(yaml.safe_dump(config))
+
+    def repro(*argv: str) -> None:
+        with pytest.raises(SystemExit) as done:
+            repro_main(list(argv))
+        assert done.value.code == 0
+
     out = tmp_path / "profile.json"
-    with pytest.raises(SystemExit) as done:
-        repro_main(
-            ["profile", "phase-off", "--config", str(tmp_path / "hf.yaml"), "--per-head", "--out", str(out)]
-        )
-    assert done.value.code == 0
+    repro("profile", "phase-off", "--config", str(tmp_path / "hf.yaml"), "--per-head", "--out", str(out))
     profile = LayerProfile.load(out)
     assert profile.kind == "phase_off" and len(profile.values) == 4
     assert [len(row) for row in profile.per_head] == [2, 2, 2, 2]  # 2 key/value heads per layer
@@ -199,6 +210,28 @@ def test_repro_profile_phase_off_of_a_pretrained_model_per_layer_and_per_head(mo
     assert any(v != 0.0 for v in profile.values) and any(
         v != 0.0 for v in heads
     )  # the hooks changed the loss
+    assert profile.meta["weights"] == str(models["llama"]) and profile.meta["checkpoint"] is None
+
+    repro("fit", "--config", str(tmp_path / "hf.yaml"))
+    ckpt = next((tmp_path / "runs").rglob("final.ckpt"))
+    capsys.readouterr()
+    repro("validate", "--config", str(tmp_path / "hf.yaml"), f"--ckpt_path={ckpt}")
+    validated = float(re.search(r"val/loss\W+([0-9.]+)", capsys.readouterr().out).group(1))
+    tuned = tmp_path / "tuned.json"
+    repro(
+        "profile",
+        "phase-off",
+        "--config",
+        str(tmp_path / "hf.yaml"),
+        "--ckpt-path",
+        str(ckpt),
+        "--out",
+        str(tuned),
+    )
+    measured = LayerProfile.load(tuned).meta
+    assert measured["loss_ref"] == pytest.approx(validated, rel=1e-6)
+    assert abs(measured["loss_ref"] - profile.meta["loss_ref"]) > 1e-3  # not the pretrained weights' loss
+    assert measured["weights"] == measured["checkpoint"] == str(ckpt.resolve())
 
 
 def _dm(corpus, folder, cache):

@@ -6,7 +6,9 @@ key/value head and the query heads that read it; Llama, Mistral, Qwen2/3). The p
 own (kind ``phase_off``), so ``repro allocate`` and ``repro analyze`` read it.
 
 The config is a ``repro fit`` YAML with ``model: {pretrained: <folder>, attention: ...}`` and a
-data section; the data are tokenized with the model's own tokenizer.
+data section; the data are tokenized with the model's own tokenizer. The weights measured are the
+folder's, or a fine-tune's checkpoint (``checkpoint``: ``final.ckpt`` of ``repro fit`` on that
+config); the profile's ``meta.weights`` names which.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from repro.data import TextDataModule
 from repro.data.datamodule import PATH_FIELDS
 from repro.files import read_yaml
+from repro.lit.checkpoints import pretrained_weights
 from repro.models.hf_causal_lm import HFCausalLM
 
 from .profile import LayerProfile
@@ -50,23 +53,39 @@ def _mean_loss(model: HFCausalLM, batches: list[dict[str, torch.Tensor]]) -> flo
 
 
 def rotary_values(
-    model: HFCausalLM, batches: list[dict[str, torch.Tensor]], fraction: float, per_head: bool = False
+    model: HFCausalLM,
+    batches: list[dict[str, torch.Tensor]],
+    fraction: float,
+    per_head: bool = False,
+    progress=None,
 ) -> dict[str, Any]:
     """The loss increase of each layer with only ``fraction`` of its rotary pairs rotating, and
-    with ``per_head`` of each key/value head of each layer without rotary phase."""
+    with ``per_head`` of each key/value head of each layer without rotary phase.
+    ``progress(done, total)`` is called after each evaluation of the batches."""
+    total = 1 + model.n_layer * (1 + (model.kv_heads if per_head else 0))
+    done = 0
+
+    def measure() -> float:
+        nonlocal done
+        loss = _mean_loss(model, batches)
+        done += 1
+        if progress is not None:
+            progress(done, total)
+        return loss
+
     model.eval()
     model.set_rotary(None)
-    ref = _mean_loss(model, batches)
+    ref = measure()
     values, heads = [], []
     for layer in range(model.n_layer):
         model.set_rotary({layer: fraction})
-        values.append(_mean_loss(model, batches) - ref)
+        values.append(measure() - ref)
         model.set_rotary(None)
         if per_head:
             row = []
             for head in range(model.kv_heads):
                 model.set_phase_off_heads({layer: [head]})
-                row.append(_mean_loss(model, batches) - ref)
+                row.append(measure() - ref)
             model.set_phase_off_heads(None)
             heads.append(row)
     return {"values": values, "per_head": heads if per_head else None, "loss_ref": ref}
@@ -77,7 +96,11 @@ def measure_pretrained_profile(
     fraction: float = 0.0,
     cache_dir: str | None = None,
     per_head: bool = False,
+    checkpoint: str | os.PathLike | None = None,
+    progress=None,
 ) -> LayerProfile:
+    """The profile of the config's pretrained model, or of ``checkpoint`` (a fine-tune of it) when
+    given. ``progress(done, total)`` is called after each evaluation."""
     if not 0.0 <= fraction < 1.0:
         raise ValueError(f"--rotary-fraction={fraction!r}: must be in [0, 1) (0: no rotary phase)")
     if per_head and fraction != 0.0:
@@ -88,8 +111,22 @@ def measure_pretrained_profile(
     base = Path(config_path).resolve().parent
     spec = doc["model"]
     location = _resolve(str(spec["pretrained"]), base)
-    model = HFCausalLM(location, spec.get("attention", "sdpa"), spec.get("tie_embeddings", "auto"))
-    model.materialize_all()
+    attention, tie = spec.get("attention", "sdpa"), spec.get("tie_embeddings", "auto")
+    state = None
+    if checkpoint is not None:  # the fine-tune's weights, tied or untied as it was trained
+        hp, state = pretrained_weights(checkpoint)
+        tie = hp.get("tie_embeddings", tie)
+    model = HFCausalLM(location, attention, tie)
+    if state is not None:
+        missing = [n for n, _ in model.hf.named_parameters(remove_duplicate=False) if n not in state]
+        if len(missing) == len(list(model.hf.named_parameters(remove_duplicate=False))):
+            raise ValueError(
+                f"--ckpt-path {str(checkpoint)!r}: its weights are not those of model.pretrained={location!r} "
+                f"(no parameter name in common); give the config the checkpoint was trained with"
+            )
+        model.materialize_all(lambda name: state[name])
+    else:
+        model.materialize_all()
     data = dict(doc.get("data") or {})
     for name in PATH_FIELDS:
         if data.get(name):
@@ -102,7 +139,7 @@ def measure_pretrained_profile(
     batches = list(datamodule.val_dataloader())
     if per_head:
         model.check_per_head_phase_off()  # before any evaluation
-    measured = rotary_values(model, batches, fraction, per_head)
+    measured = rotary_values(model, batches, fraction, per_head, progress)
     return LayerProfile(
         kind="phase_off",
         values=measured["values"],
@@ -115,6 +152,8 @@ def measure_pretrained_profile(
         meta={
             "source": str(config_path),
             "pretrained": str(model.folder),
+            "weights": str(Path(checkpoint).resolve()) if checkpoint is not None else str(model.folder),
+            "checkpoint": str(Path(checkpoint).resolve()) if checkpoint is not None else None,
             "intervention": "phase-off"
             if fraction == 0.0
             else f"keep the highest {fraction:g} of the rotary pairs",

@@ -1,6 +1,7 @@
-"""Checkpoints of the suite's GPT: read one (failing with the file's name on a missing, empty,
+"""Checkpoints of the suite's models: read one (failing with the file's name on a missing, empty,
 truncated or corrupt file), check that it holds the model a config describes (every differing
-field named), and load its weights into a plain GPT."""
+field named), and load its weights into a plain GPT; the Hugging Face weights of a pretrained
+model's fine-tune (``pretrained_weights``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from repro.models import GPTConfig
 from repro.models.config import ATTENTION_KINDS, width_field_of
 from repro.models.gpt import GPT
 
+HF_PREFIX = "model.hf."  # where HFCausalLMModule keeps the Hugging Face model's state-dict entries
 WIDTH_FIELDS = tuple(width_field_of(kind) for kind in ATTENTION_KINDS)  # both kinds' per-layer RoPE lists
 
 
@@ -60,3 +62,22 @@ def load_checked_model(
     state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     model.load_state_dict(state)
     return model, hparams
+
+
+def pretrained_weights(path: str | Path, mmap: bool = True) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """A fine-tune of a pretrained model: its hyperparameters (``pretrained``, ``attention``,
+    ``tie_embeddings``) and its Hugging Face state dict (names as ``from_pretrained`` has them)."""
+    data = read_checkpoint(path, mmap=mmap)
+    hp = dict(data.get("hyper_parameters") or {})
+    if not hp.get("pretrained"):
+        raise ValueError(
+            f"checkpoint {str(path)!r}: not a fine-tuning of a pretrained model (no 'pretrained')"
+        )
+    state = {
+        k.removeprefix(HF_PREFIX): v
+        for k, v in (data.get("state_dict") or {}).items()
+        if k.startswith(HF_PREFIX)
+    }
+    if not state:
+        raise ValueError(f"checkpoint {str(path)!r}: holds no {HF_PREFIX}* weights")
+    return hp, state

@@ -10,22 +10,12 @@ from pathlib import Path
 from repro.arguments import Parser
 from repro.models.hf_causal_lm import HFCausalLM, HFModelError
 
-from .checkpoints import read_checkpoint
-
-PREFIX = "model.hf."  # where HFCausalLMModule keeps the Hugging Face model's state-dict entries
+from .checkpoints import pretrained_weights
 
 
 def export_checkpoint(ckpt: str | Path, out: str | Path, pretrained: str | None = None) -> Path:
-    data = read_checkpoint(ckpt)
-    hp = data.get("hyper_parameters") or {}
-    source = pretrained or hp.get("pretrained")
-    if not source:
-        raise ValueError(
-            f"checkpoint {str(ckpt)!r}: not a fine-tuning of a pretrained model (no 'pretrained')"
-        )
-    state = {k.removeprefix(PREFIX): v for k, v in data.get("state_dict", {}).items() if k.startswith(PREFIX)}
-    if not state:
-        raise ValueError(f"checkpoint {str(ckpt)!r}: holds no {PREFIX}* weights")
+    hp, state = pretrained_weights(ckpt, mmap=False)
+    source = pretrained or hp["pretrained"]
     model = HFCausalLM(source, hp.get("attention", "sdpa"), hp.get("tie_embeddings", "auto"))
     return model.save_pretrained(out, state)
 

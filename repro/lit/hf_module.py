@@ -17,6 +17,7 @@ from torchmetrics import MeanMetric
 
 from repro.models.hf_causal_lm import HFCausalLM, HFModelError
 
+from .checkpoints import HF_PREFIX
 from .gpt_module import GPTLightningModule, MeanExp, OptimConfig
 
 
@@ -81,8 +82,7 @@ class HFCausalLMModule(GPTLightningModule):
         """A full state dict into a model still on the meta device (the launching process of a
         pipeline, which never read the weights) materializes it from that state first."""
         if not self.model.is_materialized:
-            prefix = "model.hf."
-            self.model.materialize_all(lambda name: state_dict[prefix + name])
+            self.model.materialize_all(lambda name: state_dict[HF_PREFIX + name])
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def pipeline_stages(self):

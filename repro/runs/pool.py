@@ -84,6 +84,25 @@ class Progress:
         )
 
 
+def count_progress(label: str, what: str, quiet: bool = False):
+    """``report(done, total)``: one line on stderr per unit of work done (``[label] i/N what;
+    elapsed, about T left``), for long work that is not runs (e.g. a profile's evaluations)."""
+    start = time.perf_counter()
+
+    def report(done: int, total: int) -> None:
+        if quiet:
+            return
+        elapsed = time.perf_counter() - start
+        left = elapsed / done * (total - done) if done else 0.0
+        print(
+            f"[{label}] {done}/{total} {what}; elapsed {_duration(elapsed)}, about {_duration(left)} left",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return report
+
+
 def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 

@@ -68,7 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     po.add_argument("--config", required=True, type=Path, help="the repro fit YAML of the model and data")
     src = po.add_mutually_exclusive_group()  # one of them for the suite's GPT; a pretrained model is its own
     src.add_argument(
-        "--ckpt-path", type=Path, help="a trained checkpoint of this config's model (e.g. final.ckpt)"
+        "--ckpt-path",
+        type=Path,
+        help="a trained checkpoint of this config's model (e.g. final.ckpt); with a model.pretrained config, a "
+        "fine-tune of that model (default: its pretrained weights)",
     )
     src.add_argument(
         "--ref-steps", type=int, help="train the all-high reference for this many steps first (resumable)"

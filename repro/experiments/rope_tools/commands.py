@@ -43,6 +43,7 @@ from repro.models.config import GPTConfig
 from repro.runs.build import VERBOSE_ENV, quiet_lightning
 from repro.runs.interrupts import interrupted_line
 from repro.runs.model_config import load_model_config, write_model_config
+from repro.runs.pool import count_progress
 from repro.runs.shards import Shard
 
 from .command_arguments import build_parser
@@ -85,7 +86,20 @@ def _runs_dir(args) -> Path:
 
 def _profile(args) -> None:
     if args.profile_kind == "phase-off" and pretrained_config(args.config) is not None:
-        profile = measure_pretrained_profile(args.config, args.rotary_fraction, per_head=args.per_head)
+        if args.ref_steps is not None:
+            raise ValueError(
+                "--ref-steps trains the suite's GPT; a model.pretrained config is profiled as it is, or from "
+                "--ckpt-path (a fine-tune of it)"
+            )
+        weights = f"{args.ckpt_path}" if args.ckpt_path else "the pretrained weights"
+        print(f"[phase-off] profiling {weights} of {args.config}", file=sys.stderr)
+        profile = measure_pretrained_profile(
+            args.config,
+            args.rotary_fraction,
+            per_head=args.per_head,
+            checkpoint=args.ckpt_path,
+            progress=count_progress("phase-off", "evaluations of the validation batches"),
+        )
         profile.save(args.out)
         _print_profile(profile)
         return
