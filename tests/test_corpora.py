@@ -22,6 +22,8 @@ from repro.data.shards import HEADER_BYTES, ShardError, open_shard, read_header
 from repro.data.sources import Source
 from repro.data.tokenizer import FileTokenizer, load_tokenizer_file
 
+from conftest import MODELS
+
 WORDS = "the king a queen of castle sword night day love war and to my lord".split()
 
 
@@ -81,6 +83,8 @@ def test_prepared_tokens_are_the_tokenizers_own_encoding_with_separators_and_pas
             expected = [x for i in names for x in [*tok.encode_batch([texts[i]])[0], tok.eos_id]]
             assert _stream(corpus, split).tolist() == expected, (tokenizer, split)
             assert manifest.splits[split].documents == len(names)
+            held_out = [str(i) for i in names] if split != "train" else []
+            assert manifest.splits[split].names == held_out  # the manifest says which documents are held out
             for shard in manifest.splits[split].shards:  # prepare's shards pass the published reader
                 assert read_header(out / shard.name).num_tokens == shard.tokens
         assert len(manifest.splits["train"].shards) > 1
@@ -359,3 +363,52 @@ def test_a_run_that_would_repeat_its_data_past_the_limit_stops_in_one_line(tmp_p
     (use,) = check_data_use([spec], 3.0, "table1 test")
     assert use.tokens_available == blocks * 32 and abs(use.epochs - steps * 8 / blocks) < 1e-9
     assert "epochs each" in data_lines([use], 3.0)[1]
+
+
+def test_a_corpus_prepared_with_a_custom_end_of_document_token_trains(tmp_path, capsys):
+    """'</doc>' is none of the built-in end-of-document names: named by --eos-token, or by a model
+    folder's tokenizer_config.json, the prepared folder carries its id and `repro fit` trains on it
+    (the folder's own tokenizer copy has no config to find it in)."""
+    import yaml
+    from tokenizers import ByteLevelBPETokenizer
+
+    from repro.cli import main as repro_main
+    from repro.data.tokenizer import EOS_CANDIDATES
+
+    texts = _docs(30)
+    source = _jsonl(tmp_path / "docs.jsonl", texts)
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(
+        texts, vocab_size=300, min_frequency=2, special_tokens=["</doc>"], show_progress=False
+    )
+    assert not any(bpe.token_to_id(name) is not None for name in EOS_CANDIDATES)
+    (tmp_path / "tok").mkdir()
+    bpe.save(str(tmp_path / "tok" / "tokenizer.json"))
+    (tmp_path / "model").mkdir()  # a model folder: the token named in its tokenizer_config.json
+    bpe.save(str(tmp_path / "model" / "tokenizer.json"))
+    (tmp_path / "model" / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": {"content": "</doc>"}})
+    )
+    tok_file = str(tmp_path / "tok" / "tokenizer.json")
+    config = yaml.safe_load((MODELS / "smoke" / "gpt_mha.yaml").read_text())
+    config["trainer"].update(max_steps=2, val_check_interval=2, logger=False, enable_progress_bar=False)
+    config["trainer"]["callbacks"] = []
+    config["data"] = {"block_size": 16, "batch_size": 4, "max_val_blocks": 2}
+    (tmp_path / "fit.yaml").write_text(yaml.safe_dump(config))
+    for name, how in (("by-flag", ["--tokenizer", tok_file, "--eos-token", "</doc>"]),
+                      ("by-folder", ["--tokenizer", str(tmp_path / "model")])):  # fmt: skip
+        out = tmp_path / name
+        with pytest.raises(SystemExit) as done:
+            repro_main(["data", "prepare", str(source), "--out", str(out), "--val-fraction", "0.2", *how])
+        assert done.value.code == 0
+        assert PreparedCorpus(out).eos_id == bpe.token_to_id("</doc>")
+        with pytest.raises(SystemExit) as done:
+            repro_main(["fit", "--config", str(tmp_path / "fit.yaml"), "--data.corpus=prepared",
+                        f"--data.prepared_dir={out}", f"--trainer.default_root_dir={tmp_path / name}-run"])  # fmt: skip
+        assert done.value.code == 0, capsys.readouterr().err
+        assert list((tmp_path / f"{name}-run").rglob("final.ckpt"))
+    # the token named again must be the manifest's; another one is refused in one line
+    with pytest.raises(SystemExit) as done:
+        repro_main(["fit", "--config", str(tmp_path / "fit.yaml"), "--data.corpus=prepared",
+                    f"--data.prepared_dir={tmp_path / 'by-flag'}", "--data.eos_token=Ġthe"])  # fmt: skip
+    assert done.value.code == 2 and "prepared with end-of-document id" in capsys.readouterr().err

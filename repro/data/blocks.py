@@ -1,7 +1,8 @@
 """Fixed-length training samples over a split's token stream: the split's shards end to end.
 
-The stream is cut into non-overlapping blocks of ``block_size + 1`` tokens (input = the first
-``block_size``, target = the last ``block_size``); a block may span two shards. The dataset is
+The stream is cut into windows of ``block_size + 1`` tokens starting ``block_size`` apart, so
+neighbours share one token (llm.c's convention; input = the first ``block_size``, target = the
+last ``block_size``); a block may span two shards. The dataset is
 map-style, so the suite's sampler (shuffle seed, lazy reuse, resume at any step) and AQ-SGD's
 sample ids work on any corpus size; tokens are read from the memory-mapped shards only when a
 block is used. A sample is a dict with ``input_ids`` (T,), ``targets`` (T,) and ``sample_id``:

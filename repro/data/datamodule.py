@@ -209,14 +209,17 @@ class TextDataModule(L.LightningDataModule):
         if self.corpus == "shards":
             self._open_foreign_shards()
             return
-        folder = self.prepared_dir if self.corpus == "prepared" else self.small.prepared_folder()
-        given = load_tokenizer_file(self.tokenizer_file, self.eos_token) if self.tokenizer_file else None
-        what = "data.prepared_dir" if self.corpus == "prepared" else "the cached corpus"
-        self._corpus = PreparedCorpus(folder, self.verify, given if self.corpus == "prepared" else None, what)
-        if self._tokenizer is None:
-            self._tokenizer = given or (
-                self.small.tokenizer if self.corpus in IN_MEMORY_CORPORA else self._corpus.tokenizer()
-            )
+        if self.corpus == "prepared":  # the manifest's end-of-document id, whichever file is read
+            self._corpus = PreparedCorpus(self.prepared_dir, self.verify, what="data.prepared_dir")
+            if self._tokenizer is None:
+                self._tokenizer = self._corpus.tokenizer(self.tokenizer_file, self.eos_token)
+        else:
+            self._corpus = PreparedCorpus(self.small.prepared_folder(), self.verify, what="the cached corpus")
+            if self._tokenizer is None:
+                given = (
+                    load_tokenizer_file(self.tokenizer_file, self.eos_token) if self.tokenizer_file else None
+                )
+                self._tokenizer = given or self.small.tokenizer
         self._shards = {name: self._corpus.shards(name) for name in ("train", "validation", "test")}
 
     def _open_foreign_shards(self) -> None:

@@ -46,6 +46,7 @@ class SplitRecord:
     documents: int = 0  # documents of the split
     tokens: int = 0  # tokens of the split, separators included
     shards: list[ShardRecord] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)  # held-out splits: their documents' names, in order
 
 
 @dataclass
@@ -68,7 +69,10 @@ class Manifest:
         try:
             splits = {
                 name: SplitRecord(
-                    int(rec["documents"]), int(rec["tokens"]), [ShardRecord(**s) for s in rec["shards"]]
+                    int(rec["documents"]),
+                    int(rec["tokens"]),
+                    [ShardRecord(**s) for s in rec["shards"]],
+                    list(rec.get("names", [])),
                 )
                 for name, rec in doc["splits"].items()
             }
@@ -216,17 +220,23 @@ class PreparedCorpus:
                 f"{path}: the vocabulary has {vocab:,} ids but the shards are {self.dtype} (ids up to "
                 f"{np.iinfo(self.dtype).max:,}); prepare the corpus again"
             )
-        if tokenizer is not None and tokenizer_digest(tokenizer) != self.manifest.tokenizer["sha256"]:
-            raise ShardError(
-                f"{where}: its shards were made with another tokenizer (manifest sha256 "
-                f"{self.manifest.tokenizer['sha256'][:12]}, given {tokenizer_digest(tokenizer)[:12]}); "
-                f"prepare the corpus with this tokenizer"
-            )
+        self.where = where
+        if tokenizer is not None:
+            self.check_tokenizer(tokenizer)
         total = sum(s.tokens for r in self.manifest.splits.values() for s in r.shards) * self.dtype.itemsize
         full = verify == "full" or (verify == "auto" and total <= AUTO_VERIFY_BYTES)
         for record in self.manifest.splits.values():
             for shard in record.shards:
                 self._check_shard(shard, full)
+
+    def check_tokenizer(self, tokenizer: TextTokenizer) -> None:
+        """The shards must have been made with this tokenizer."""
+        if tokenizer_digest(tokenizer) != self.manifest.tokenizer["sha256"]:
+            raise ShardError(
+                f"{self.where}: its shards were made with another tokenizer (manifest sha256 "
+                f"{self.manifest.tokenizer['sha256'][:12]}, given {tokenizer_digest(tokenizer)[:12]}); "
+                f"prepare the corpus with this tokenizer"
+            )
 
     def _check_shard(self, shard: ShardRecord, full: bool) -> None:
         path = self.folder / shard.name
@@ -258,10 +268,19 @@ class PreparedCorpus:
         record = self.manifest.splits.get(split)
         return [open_shard(self.folder / s.name) for s in (record.shards if record else [])]
 
-    def tokenizer(self) -> TextTokenizer:
-        """The tokenizer the shards were made with (its end-of-document id as recorded)."""
-        tok = load_tokenizer_file(self.folder / self.manifest.tokenizer["file"])
-        tok.eos_id = int(self.manifest.tokenizer["eos_id"])
+    @property
+    def eos_id(self) -> int:
+        """The end-of-document id the documents were prepared with."""
+        return int(self.manifest.tokenizer["eos_id"])
+
+    def tokenizer(self, file: str | os.PathLike | None = None, eos_token: str | None = None) -> TextTokenizer:
+        """The tokenizer the shards were made with, with its end-of-document id as recorded: the
+        folder's own copy, or ``file`` (checked to be the same tokenizer)."""
+        tok = load_tokenizer_file(
+            file or self.folder / self.manifest.tokenizer["file"], eos_token, self.eos_id
+        )
+        if file is not None:
+            self.check_tokenizer(tok)
         return tok
 
 

@@ -199,6 +199,7 @@ class ResolvedSource:
             "hub_split": self.source.hub_split,
             "files": len(self.files),
             "fingerprint": self.fingerprint,
+            **({"name_column": self.source.name_column} if self.source.name_column else {}),
         }
 
 

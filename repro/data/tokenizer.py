@@ -149,18 +149,30 @@ def _eos_of(tokenizer: Tokenizer, folder: Path | None, eos_token: str | None, wh
     )
 
 
-def load_tokenizer_file(path: str | os.PathLike, eos_token: str | None = None) -> TextTokenizer:
+def load_tokenizer_file(
+    path: str | os.PathLike, eos_token: str | None = None, eos_id: int | None = None
+) -> TextTokenizer:
     """A tokenizer from a file: ``tokenizer.json`` (or a directory holding one, e.g. a pretrained
-    model's folder), or the suite's own char tokenizer file."""
+    model's folder), or the suite's own char tokenizer file. Its end-of-document id is ``eos_id``
+    when given (a prepared corpus's, as its manifest records it; ``eos_token``, if also given, must
+    be that id), else ``eos_token``'s, else found (the folder's tokenizer_config.json, common names)."""
     path = Path(path)
     where = f"tokenizer {str(path)!r}"
     file = path / "tokenizer.json" if path.is_dir() else path
     if not file.is_file():
         what = "has no tokenizer.json" if path.is_dir() else "no such file"
         raise FileNotFoundError(f"{where}: {what}; give a tokenizer.json or a folder holding one")
-    return tokenizer_from_text(
-        file.read_text(encoding="utf-8", errors="replace"), where, file.parent, eos_token
+    tok = tokenizer_from_text(
+        file.read_text(encoding="utf-8", errors="replace"), where, file.parent, eos_token, eos_id
     )
+    if eos_id is not None and eos_token and isinstance(tok, FileTokenizer):
+        named = tok._tok.token_to_id(eos_token)
+        if named != eos_id:
+            raise ValueError(
+                f"{where}: eos_token={eos_token!r} is id {named}, but the documents were prepared with "
+                f"end-of-document id {eos_id}; leave eos_token unset (the manifest's id is used) or prepare again"
+            )
+    return tok
 
 
 def tokenizer_from_text(

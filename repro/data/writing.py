@@ -158,6 +158,8 @@ def write_prepared(
         return done
     state = _resume_state(folder, settings)
     records = {name: _record(rec) for name, rec in state["splits"].items()}
+    # the held-out documents' names as (item, name): those of finished shards survive a resume
+    held = {name: [tuple(x) for x in rec.get("held_out", [])] for name, rec in state["splits"].items()}
     ends = {name: int(rec.get("next_item", 0)) for name, rec in state["splits"].items()}
     start = min(ends.values(), default=0)  # the earliest item a split still needs
     for stale in folder.glob(".*.tmp"):  # a shard a killed prepare left half written
@@ -176,6 +178,8 @@ def write_prepared(
             doc["splits"][name] = {**asdict(w.record), "next_item": ends.get(name, 0)}
         for name, rec in records.items():
             doc["splits"].setdefault(name, {**asdict(rec), "next_item": ends.get(name, 0)})
+        for name, rec in doc["splits"].items():
+            rec["held_out"] = [list(x) for x in held.get(name, []) if x[0] < ends.get(name, 0)]
         write_json_atomic(folder / STATE, doc)
 
     numbered = ((i, name, doc) for i, (name, doc) in enumerate(items))
@@ -187,7 +191,9 @@ def write_prepared(
     bar = _Bar(total_documents - start if total_documents else None, progress, label)
     try:
         for chunk, encoded in _encoded(_chunks(todo), tokenizer, dtype, workers):
-            for (i, name, _), ids in zip(chunk, encoded):
+            for (i, name, document), ids in zip(chunk, encoded):
+                if name != "train":
+                    held.setdefault(name, []).append((i, document.name))
                 if writer(name).add(ids) is not None:
                     ends[name] = i + 1  # the shard holds every item of its split before i + 1
                     save_state()
@@ -203,6 +209,8 @@ def write_prepared(
     splits = {name: w.record for name, w in writers.items()}
     for name, rec in records.items():
         splits.setdefault(name, rec)
+    for name, rec in splits.items():
+        rec.names = [n for _, n in sorted(held.get(name, []))] if name != "train" else []
     manifest = Manifest(
         source=source,
         tokenizer=settings["tokenizer"],
