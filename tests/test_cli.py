@@ -136,7 +136,8 @@ def test_unknown_command_lists_every_command(tmp_path):
 @pytest.mark.slow
 def test_pipeline_fit_from_the_cli_then_single_process_validate_of_its_checkpoint(tmp_path, data_cache):
     """`repro fit` with the clapping strategy (4 stages, fork launcher under pytest) logs the
-    pipeline statistics; its checkpoint is the full model, validated by one process."""
+    pipeline statistics; its checkpoint is the full model, validated by one process. The strategy
+    is given by its registered name with options on the command line (the documented spelling)."""
     common = [
         f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}",
         f"--data.cache_dir={data_cache}",
@@ -149,7 +150,11 @@ def test_pipeline_fit_from_the_cli_then_single_process_validate_of_its_checkpoin
             "--config",
             str(MODELS / "smoke" / "pipeline.yaml"),
             *common,
-            "--trainer.strategy.init_args.start_method=fork",
+            "--trainer.strategy=clapping_fork",  # the name replaces the file's class and its options
+            "--trainer.strategy.init_args.method=clapping_fc",
+            "--trainer.strategy.fwd_compressor=quant(4)",
+            "--trainer.strategy.init_args.bwd_compressor=quant(8)",
+            "--trainer.strategy.init_args.micro_batches=4",
             "--trainer.max_steps=6",
             "--trainer.val_check_interval=6",
         ],

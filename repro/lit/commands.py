@@ -17,7 +17,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from repro.config_errors import one_line
 from repro.paths import missing_file_message
-from repro.pipeline.lightning import register_strategies
+from repro.pipeline.lightning import named_strategy_options, register_strategies
 from repro.stopping import STOP, Stopped
 
 from .cli import ConfigError, ReproCLI
@@ -83,10 +83,27 @@ def has_config(args: list[str]) -> bool:
     return any(a in ("--config", "-c") or a.startswith("--config=") for a in args)
 
 
+def asks_help(args: list[str]) -> bool:
+    """``-h``, ``--help`` or a class's help (``--trainer.strategy.help ClappingStrategy``)."""
+    return any(
+        a in ("-h", "--help") or a.startswith("--help=") or a.split("=", 1)[0].endswith(".help") for a in args
+    )
+
+
+def config_strategy(path: str) -> object:
+    """A config file's ``trainer.strategy`` (None when it sets none or is not a readable mapping)."""
+    try:
+        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    trainer = doc.get("trainer") if isinstance(doc, dict) else None
+    return trainer.get("strategy") if isinstance(trainer, dict) else None
+
+
 def main(argv: list[str]) -> int:
     """``argv[0]`` is the subcommand (fit, validate or test)."""
     command = argv[0]
-    if not has_config(argv) and not any(a in ("-h", "--help") or a.startswith("--help=") for a in argv):
+    if not has_config(argv) and not asks_help(argv):
         print(
             f"repro {command}: error: no --config: give a model config, e.g. --config {SMOKE_CONFIG} "
             f"(the smoke model, seconds on a CPU); `repro {command} --help` lists every option",
@@ -103,7 +120,7 @@ def main(argv: list[str]) -> int:
     model_class = HFCausalLMModule if trains_pretrained(argv) else GPTLightningModule
     try:
         ReproCLI(
-            args=argv,
+            args=named_strategy_options(argv, config_strategy),
             model_class=model_class,
             save_config_kwargs={"overwrite": True},
             parser_kwargs=PARSER_KWARGS,
