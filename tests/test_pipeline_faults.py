@@ -203,6 +203,43 @@ def test_a_stage_that_dies_before_a_collective_is_named_by_the_stage_left_waitin
         raise RuntimeError("a shape mismatch")
 
 
+def test_a_process_group_that_does_not_form_ends_in_one_line(tmp_path, data_cache):
+    """One of two srun tasks alone (its peer never comes): after timeout_s the rank ends with one line
+    naming the rendezvous address and GLOO_SOCKET_IFNAME, and no traceback (teardown leaves the model,
+    still on the meta device, alone)."""
+    import subprocess
+    import sys
+
+    from lightning.fabric.plugins.environments.lightning import find_free_network_port
+
+    from conftest import MODELS, REPO_ROOT
+
+    port = find_free_network_port()
+    slurm = dict(
+        SLURM_NTASKS="2", SLURM_NNODES="2", SLURM_NTASKS_PER_NODE="1", SLURM_PROCID="0", SLURM_LOCALID="0",
+        SLURM_NODEID="0", SLURM_JOB_ID="778", SLURM_JOB_NAME="pipeline", SLURM_NODELIST="127.0.0.1",
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+    )  # fmt: skip
+    cmd = [
+        sys.executable, "-m", "repro.cli", "fit", "--config", str(MODELS / "smoke" / "pipeline.yaml"),
+        "--trainer.devices=1", "--trainer.num_nodes=2", "--trainer.strategy.init_args.timeout_s=2",
+        f"--data.cache_dir={data_cache}", f"--trainer.default_root_dir={tmp_path}",
+    ]  # fmt: skip
+    done = subprocess.run(
+        cmd,
+        cwd=tmp_path,
+        env={**os.environ, **slurm, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out[-3000:]
+    lines = [line for line in out.splitlines() if "did not form their process group" in line]
+    assert len(lines) == 1 and lines[0].startswith("repro fit: error: rank 0: "), out[-3000:]
+    assert f"127.0.0.1:{port}" in lines[0] and "GLOO_SOCKET_IFNAME" in lines[0]
+    assert "Traceback" not in out and "meta tensor" not in out, out[-3000:]
+
+
 def _grandchild(out: str) -> None:
     from repro.pipeline.watchdog import exit_when_parent_dies
 

@@ -18,6 +18,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from repro.config_errors import one_line
 from repro.paths import missing_file_message
 from repro.pipeline.lightning import named_strategy_options, register_strategies
+from repro.pipeline.lightning.rendezvous import RendezvousError
 from repro.stopping import STOP, Stopped
 
 from .cli import ConfigError, ReproCLI
@@ -128,6 +129,9 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:
         print(f"repro {command}: error: {exc}", file=sys.stderr)
         return 2
+    except RendezvousError as exc:  # the stage processes of several machines did not find each other
+        print(f"repro {command}: error: {exc}", file=sys.stderr)
+        return 1
     except ArgumentError as exc:  # jsonargparse: an unknown key, a value of the wrong type
         print(
             f"repro {command}: error: {one_line(exc)} (`repro {command} --help` lists every option)",

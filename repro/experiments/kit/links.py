@@ -54,9 +54,11 @@ class Links:
     def address(self, node: int) -> str:
         return f"169.254.{self.subnet}.{node + 1}"
 
-    def exec_args(self, node: int) -> list[str]:
-        """The prefix that runs a command inside ``node`` (its gloo goes out on eth0)."""
-        return ["ip", "netns", "exec", self.names[node], "env", "GLOO_SOCKET_IFNAME=eth0"]
+    def exec_args(self, node: int, gloo_interface: bool = True) -> list[str]:
+        """The prefix that runs a command inside ``node``; with ``gloo_interface`` its gloo is told to go
+        out on eth0 (``GLOO_SOCKET_IFNAME``; the strategy finds that interface itself, plain torch does not)."""
+        prefix = ["ip", "netns", "exec", self.names[node]]
+        return [*prefix, "env", "GLOO_SOCKET_IFNAME=eth0"] if gloo_interface else prefix
 
     def __enter__(self) -> Links:
         check_links_possible()

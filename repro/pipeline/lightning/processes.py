@@ -5,6 +5,7 @@ the collectives Lightning asks a strategy for, and a watchdog that ends a rank w
 from __future__ import annotations
 
 import os
+import sys
 from datetime import timedelta
 from typing import Any
 
@@ -19,6 +20,7 @@ from repro.cores import threads_per_process
 from ..options import PipelineOptions
 from ..watchdog import exit_when_parent_dies
 from . import compat
+from .rendezvous import choose_gloo_interface, rendezvous_failed
 
 
 class StageProcesses(ParallelStrategy):
@@ -119,16 +121,22 @@ class StageProcesses(ParallelStrategy):
                     f"stages on one GPU"
                 )
             kwargs["device_id"] = self.root_device
-        if not dist.is_initialized():
-            compat.init_process_group(self.cluster_environment, backend, **kwargs)
-        # one group per direction (ordering on NCCL), and a gloo group for Python objects
-        self._groups = {
-            "fwd": dist.new_group(backend=backend, timeout=timeout),
-            "bwd": dist.new_group(backend=backend, timeout=timeout),
-            "objects": dist.new_group(backend="gloo", timeout=timeout)
-            if backend != "gloo"
-            else dist.group.WORLD,
-        }
+        line = choose_gloo_interface()  # several machines: the interface that reaches MASTER_ADDR
+        if line and self.local_rank == 0:
+            print(f"[clapping] node {self.node_rank}: {line}", file=sys.stderr, flush=True)
+        try:
+            if not dist.is_initialized():
+                compat.init_process_group(self.cluster_environment, backend, **kwargs)
+            # one group per direction (ordering on NCCL), and a gloo group for Python objects
+            self._groups = {
+                "fwd": dist.new_group(backend=backend, timeout=timeout),
+                "bwd": dist.new_group(backend=backend, timeout=timeout),
+                "objects": dist.new_group(backend="gloo", timeout=timeout)
+                if backend != "gloo"
+                else dist.group.WORLD,
+            }
+        except (RuntimeError, TimeoutError) as exc:  # gloo's and the store's errors are many lines
+            raise rendezvous_failed(exc, self.global_rank) from None
 
     # ------------------------------------------------------------------ collectives
     def barrier(self, name: str | None = None) -> None:
