@@ -138,6 +138,21 @@ class StageProcesses(ParallelStrategy):
         except (RuntimeError, TimeoutError) as exc:  # gloo's and the store's errors are many lines
             raise rendezvous_failed(exc, self.global_rank) from None
 
+    def teardown(self) -> None:
+        module = self.lightning_module
+        if module is None or not any(t.is_meta for t in (*module.parameters(), *module.buffers())):
+            super().teardown()
+            return
+        # A rank that stopped before it read its stage (the process group did not form, say) holds a
+        # model on the meta device: Lightning's teardown would copy it to the CPU and fail, burying
+        # the error that stopped the run under a second one. The rest of its teardown, as it is.
+        assert self.cluster_environment is not None and self.accelerator is not None
+        self.cluster_environment.teardown()
+        compat.optimizers_to_device(self.optimizers, torch.device("cpu"))
+        self.precision_plugin.teardown()
+        self.accelerator.teardown()
+        self.checkpoint_io.teardown()
+
     # ------------------------------------------------------------------ collectives
     def barrier(self, name: str | None = None) -> None:
         if dist.is_initialized():

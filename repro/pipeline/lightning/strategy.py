@@ -391,19 +391,7 @@ class ClappingStrategy(StageProcesses):
         for codec in self.codecs.values():
             if codec.sample_buffers is not None:
                 codec.sample_buffers.close()
-        module = self.lightning_module
-        if module is None or not any(t.is_meta for t in (*module.parameters(), *module.buffers())):
-            super().teardown()
-            return
-        # A rank that stopped before it read its stage (the process group did not form, say) holds a
-        # model on the meta device: Lightning's teardown would copy it to the CPU and fail, burying
-        # the error that stopped the run under a second one. The rest of its teardown, as it is.
-        assert self.cluster_environment is not None and self.accelerator is not None
-        self.cluster_environment.teardown()
-        compat.optimizers_to_device(self.optimizers, torch.device("cpu"))
-        self.precision_plugin.teardown()
-        self.accelerator.teardown()
-        self.checkpoint_io.teardown()
+        super().teardown()
 
 
 ClappingStrategy.__init__.__signature__ = options_signature()  # the options one by one, for the CLI

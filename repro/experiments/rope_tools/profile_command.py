@@ -1,0 +1,202 @@
+"""``repro profile phase-off|coverage|fidelity|interactions``: the profiles of the RoPE allocation
+from the command line (outputs written atomically)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from itertools import combinations
+from pathlib import Path
+
+from repro.alloc.allocation import top_k_layers
+from repro.alloc.analysis import (
+    interaction_terms,
+)
+from repro.alloc.budget import levels_for, num_high_layers
+from repro.alloc.coverage_profile import (
+    CoverageProfileSettings,
+    coverage_benefit_profile,
+    early_eval_every,
+    early_steps,
+    pair_benefits,
+    profile_specs,
+)
+from repro.alloc.fidelity import coverage_fidelity, format_fidelity, phase_off_fidelity
+from repro.alloc.phase_off_profile import measure_phase_off_profile, reference_spec, train_reference
+from repro.alloc.pretrained_profile import measure_pretrained_profile, pretrained_config
+from repro.alloc.profile import LayerProfile
+from repro.experiments.kit.compute_plan import planned_runs, print_plan
+from repro.files import write_json_atomic
+from repro.runs.model_config import load_model_config
+from repro.runs.pool import count_progress
+from repro.runs.shards import Shard
+
+
+def levels_of(args, shape):
+    return levels_for(shape, args.high, args.low, args.budget)
+
+
+def runs_dir_of(args) -> Path:
+    return args.runs_dir or args.out.with_name(args.out.name + ".runs")
+
+
+def profile_command(args) -> None:
+    if args.profile_kind == "phase-off" and pretrained_config(args.config) is not None:
+        if args.ref_steps is not None:
+            raise ValueError(
+                "--ref-steps trains the suite's GPT; a model.pretrained config is profiled as it is, or from "
+                "--ckpt-path (a fine-tune of it)"
+            )
+        weights = f"{args.ckpt_path}" if args.ckpt_path else "the pretrained weights"
+        print(f"[phase-off] profiling {weights} of {args.config}", file=sys.stderr)
+        profile = measure_pretrained_profile(
+            args.config,
+            args.rotary_fraction,
+            per_head=args.per_head,
+            checkpoint=args.ckpt_path,
+            progress=count_progress("phase-off", "evaluations of the validation batches"),
+        )
+        profile.save(args.out)
+        print_profile(profile)
+        return
+    if args.profile_kind == "phase-off" and args.ckpt_path is None and args.ref_steps is None:
+        raise ValueError(
+            "repro profile phase-off: give --ckpt-path or --ref-steps (or a config with model.pretrained)"
+        )
+    config = load_model_config(args.config)
+    shape = config.shape_config()
+    if args.profile_kind == "fidelity":
+        _fidelity(args, config, shape)
+    elif args.profile_kind == "phase-off":
+        checkpoint = args.ckpt_path
+        if args.ref_steps is not None:
+            if args.ref_steps <= 0:
+                raise ValueError(f"--ref-steps={args.ref_steps}: must be a positive integer")
+            eval_every = args.eval_every or max(1, args.ref_steps // 5)
+            levels = levels_of(args, shape)
+            print(f"[phase-off] training the all-high reference for {args.ref_steps} steps", file=sys.stderr)
+            spec = reference_spec(config, levels, args.ref_steps, args.seed, eval_every, runs_dir_of(args))
+            ref = train_reference(spec, args.accelerator)
+            checkpoint = Path(ref.checkpoint)
+        profile = measure_phase_off_profile(config, checkpoint, per_head=args.per_head)
+        profile.save(args.out)
+        print_profile(profile)
+    elif args.profile_kind == "coverage":
+        full = args.full_steps or int(config.trainer.get("max_steps") or 0)
+        steps = args.steps
+        if steps is None:
+            if full <= 0:
+                raise ValueError("give --steps, or --full-steps, or a config with trainer.max_steps")
+            steps = early_steps(full, args.early_fraction, "--early-fraction")
+        settings = CoverageProfileSettings(
+            steps=steps,
+            seeds=tuple(args.seeds),
+            eval_every=args.eval_every or early_eval_every(steps),
+            last_n=args.last_n,
+            group_size=args.group_size,
+            group_spread=args.group_spread,
+            schedule_steps=max(full, steps) if args.lr_schedule == "full-run" and full > 0 else None,
+        )
+        levels = levels_of(args, shape)
+        num_high_layers(shape.n_layer, levels)  # fail early on an infeasible budget
+        if args.plan:
+            runs = planned_runs(profile_specs(config, levels, settings, runs_dir_of(args)), 1)
+            print_plan(
+                f"coverage profile of {config.path}", runs, config.path, args.accelerator, args.step_time
+            )
+            return
+        started = time.perf_counter()
+        profile = coverage_benefit_profile(
+            config,
+            levels,
+            settings,
+            runs_dir_of(args),
+            args.accelerator,
+            workers=args.workers,
+            shard=Shard.parse(args.shard),
+            runs_per_gpu=args.runs_per_gpu or 1,
+            writes=str(args.out),
+        )
+        if profile is None:  # the line saying so is printed: the last shard to finish writes args.out
+            return
+        profile.meta["command_wall_s"] = time.perf_counter() - started
+        profile.save(args.out)
+        print_profile(profile)
+        print(
+            f"wall time {profile.meta['command_wall_s']:.1f}s for {profile.meta['runs']} runs "
+            f"({profile.meta['training_wall_s']:.1f}s of training summed over runs, {args.workers} worker(s))"
+        )
+    else:  # interactions
+        profile = LayerProfile.load(args.profile)
+        if profile.kind != "coverage_benefit":
+            raise ValueError(
+                f"--profile {str(args.profile)!r} is a {profile.kind} profile; interactions need coverage_benefit"
+            )
+        profile.check_matches(shape.n_layer, f"the model of {str(args.config)!r}")
+        if not 2 <= args.top <= profile.n_layer:
+            raise ValueError(f"--top={args.top}: must be in 2..{profile.n_layer}")
+        pairs = list(combinations(top_k_layers(profile.values, args.top), 2))
+        # the pair runs share the profile's base runs: train them in the profile's runs folder
+        runs_dir = args.runs_dir or Path(
+            profile.meta.get("runs_dir") or args.profile.with_name(args.profile.name + ".runs")
+        )
+        measured = pair_benefits(config, profile, pairs, runs_dir, args.accelerator, workers=args.workers)
+        terms = interaction_terms(profile.values, measured)
+        write_json_atomic(args.out, {"profile": str(args.profile), "top": args.top, "terms": terms})
+        for t in terms:
+            print(
+                f"layers {t['layers']}: pair {t['pair_benefit']:+.4f}  additive {t['additive']:+.4f}  "
+                f"interaction {t['interaction']:+.4f}"
+            )
+
+
+def _fidelity(args, config, shape) -> None:
+    """Coverage profile runs and the all-high reference trained to the full length; the profiles
+    read at every evaluation (phase-off: from the reference's checkpoints)."""
+    steps, every = args.full_steps, args.eval_every
+    if steps <= 0 or every <= 0 or steps % every:
+        raise ValueError(
+            f"--full-steps={steps}, --eval-every={every}: positive, and the steps a multiple of it"
+        )
+    levels = levels_of(args, shape)
+    k = num_high_layers(shape.n_layer, levels)
+    settings = CoverageProfileSettings(
+        steps=steps, seeds=tuple(args.seeds), eval_every=every, last_n=args.last_n, schedule_steps=steps
+    )
+    runs_dir = runs_dir_of(args)
+    profile = coverage_benefit_profile(
+        config, levels, settings, runs_dir, args.accelerator, workers=args.workers
+    )
+    spec = reference_spec(config, levels, steps, args.seeds[0], every, runs_dir, checkpoint_every=every)
+    ref = train_reference(spec, args.accelerator)
+    checkpoints = [
+        (k_step, runs_dir / f"{Path(ref.checkpoint).stem}-step{k_step}.ckpt")
+        for k_step in range(every, steps, every)
+    ]
+    checkpoints.append((steps, Path(ref.checkpoint)))
+    phase_off = [(step, measure_phase_off_profile(config, path)) for step, path in checkpoints]
+    coverage = coverage_fidelity(profile, k)
+    by_phase_off = phase_off_fidelity(phase_off, coverage[-1]["values"])
+    write_json_atomic(
+        args.out,
+        {
+            "config": str(args.config),
+            "steps": steps,
+            "eval_every": every,
+            "seeds": list(args.seeds),
+            "last_n": args.last_n,
+            "k": k,
+            "levels": levels.to_dict(),
+            "coverage": coverage,
+            "phase_off": by_phase_off,
+            "profile": profile.to_dict(),
+        },
+    )
+    print(format_fidelity(coverage, by_phase_off))
+
+
+def print_profile(profile) -> None:
+    print(f"{profile.kind} profile ({profile.n_layer} layers)")
+    for layer, value in enumerate(profile.values):
+        spread = f" +- {profile.std[layer]:.4f}" if profile.std else ""
+        print(f"  layer {layer:3d}: {value:+.5f}{spread}")
