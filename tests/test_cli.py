@@ -195,3 +195,17 @@ def test_pipeline_fit_from_the_cli_then_single_process_validate_of_its_checkpoin
     )
     reval = read_scalars(tmp_path / "logs" / "smoke_pipeline" / "version_1")["val/loss"][0][1]
     assert reval == pytest.approx(val_loss, rel=1e-4)
+
+
+def test_a_busy_machine_is_named_in_one_line_with_the_variable_to_set(monkeypatch):
+    """torch's threads on cores that other work keeps busy: one line naming the load and what to set;
+    nothing when the cores are free or OMP_NUM_THREADS chose."""
+    from repro.cores import busy_machine_line
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    line = busy_machine_line(2, cores=2, load=1.6)
+    assert "load 1.6 on 2 cores" in line and "OMP_NUM_THREADS=1" in line and "\n" not in line
+    assert busy_machine_line(2, cores=2, load=1.0) is None  # this process's own start-up, say
+    assert busy_machine_line(1, cores=2, load=1.0) is None  # one thread, one idle core
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert busy_machine_line(2, cores=2, load=1.9) is None

@@ -89,7 +89,10 @@ def test_a_signal_stops_repro_fit_at_a_step_boundary_and_the_resume_is_the_unint
     assert fit_main(resume[1:]) == 0
     resumed = read_losses(tmp_path / "losses.jsonl")
     assert resumed == {s: v for s, v in losses.items() if s > 6}  # every later step, bitwise
-    (final,) = tmp_path.glob("logs/smoke/version_1/checkpoints/final.ckpt")
+    (final,) = tmp_path.glob(
+        "logs/smoke/version_0/checkpoints/final.ckpt"
+    )  # logged on into the run it resumes
+    assert [p.name for p in tmp_path.glob("logs/smoke/*")] == ["version_0"]
     state = torch.load(final, map_location="cpu", weights_only=False)["state_dict"]
     assert state.keys() == weights.keys() and all(torch.equal(state[k], weights[k]) for k in state)
 

@@ -7,6 +7,7 @@ import signal
 import time
 
 import lightning as L
+from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from repro.pipeline.lightning.compat import hpc_save_path, requeue_signal_of, requeue_slurm_job
@@ -91,6 +92,12 @@ class FinalCheckpoint(L.Callback):
     def on_train_end(self, trainer, pl_module) -> None:
         if STOP.stopped is None:
             self._save(trainer, self.filename)
+            if "val/loss" not in trainer.callback_metrics and trainer.limit_val_batches != 0:
+                rank_zero_info(
+                    f"no validation ran during this fit (it ended before an epoch did): set trainer.val_check_interval "
+                    f"(and check_val_every_n_epoch: null) to validate every N steps, or run repro validate with "
+                    f"--ckpt_path={self.path}"
+                )
         if trainer.world_size == 1:
             STOP.restore()
 
@@ -106,3 +113,67 @@ class FinalCheckpoint(L.Callback):
             rank_zero_info(
                 f"training stopped at step {trainer.global_step}; resume with --ckpt_path={self.path}"
             )
+
+
+class _CountsSteps:
+    """A progress bar of a run bounded by steps (``max_steps`` with ``max_epochs: -1``): its total is
+    ``max_steps``, it counts optimizer steps from where a resumed run starts, and it reads ``Steps``;
+    Lightning's reads ``Epoch 0/-2`` and counts batches of the epoch against the steps left."""
+
+    def _steps_bound(self) -> bool:
+        trainer = self.trainer
+        return trainer.max_epochs == -1 and trainer.max_steps is not None and trainer.max_steps > 0
+
+    @property
+    def total_train_batches(self):
+        return self.trainer.max_steps if self._steps_bound() else super().total_train_batches
+
+
+class StepsRichProgressBar(_CountsSteps, RichProgressBar):
+    """Lightning's rich progress bar, counting the steps of a step-bounded run (see ``_CountsSteps``)."""
+
+    def _show_steps(self, trainer) -> None:
+        if self._steps_bound() and self.progress is not None and self.train_progress_bar_id is not None:
+            self.progress.update(
+                self.train_progress_bar_id,
+                completed=trainer.global_step,
+                total=trainer.max_steps,
+                description="Steps",
+            )
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        super().on_train_epoch_start(trainer, pl_module)
+        self._show_steps(trainer)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        self._show_steps(trainer)
+        self.refresh()
+
+
+class StepsTQDMProgressBar(_CountsSteps, TQDMProgressBar):
+    """Lightning's tqdm progress bar, counting the steps of a step-bounded run (see ``_CountsSteps``)."""
+
+    def _show_steps(self, trainer) -> None:
+        if self._steps_bound():
+            bar = self.train_progress_bar
+            bar.total, bar.n = trainer.max_steps, trainer.global_step
+            bar.set_description("Steps")
+            bar.refresh()
+
+    def on_train_epoch_start(self, trainer, *args) -> None:
+        super().on_train_epoch_start(trainer, *args)
+        self._show_steps(trainer)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        self._show_steps(trainer)
+
+
+def counting_steps(bar):
+    """The step-counting variant of Lightning's default progress bar ``bar`` (others as they are)."""
+    if type(bar) is RichProgressBar:
+        return StepsRichProgressBar()
+    if type(bar) is TQDMProgressBar:
+        return StepsTQDMProgressBar()
+    return bar

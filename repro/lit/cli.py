@@ -14,9 +14,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import warnings
+from pathlib import Path
 
 import torch
+from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.loggers import TensorBoardLogger
 
 from repro.config_errors import one_line
 from repro.data import TextDataModule
@@ -26,7 +30,7 @@ from repro.models.deferred_init import deferred_init
 from repro.models.hf_causal_lm import HFModelError, model_folder, num_layers, read_config
 from repro.pipeline.options import PipelineOptions
 
-from .callbacks import FinalCheckpoint
+from .callbacks import FinalCheckpoint, counting_steps
 from .checkpoints import check_checkpoint_matches, read_checkpoint
 from .gpt_module import GPTLightningModule
 from .hf_module import HFCausalLMModule
@@ -91,15 +95,45 @@ def _is_pipeline(strategy) -> bool:
     return "clapping" in str(name).lower()
 
 
+# Lightning's lines that say nothing about a run (hidden unless -v / REPRO_VERBOSE)
+NOISE = ("💡 Tip:", "`weights_only` was not set")
+
+
+def _quiet_noise(record: logging.LogRecord) -> bool:
+    return not any(mark in str(record.msg) for mark in NOISE)
+
+
+def resumed_version(ckpt_path, save_dir, name: str) -> int | None:
+    """``n`` when ``ckpt_path`` is a checkpoint in ``<save_dir>/<name>/version_<n>/checkpoints/``:
+    a resumed fit logs on into the run it resumes (one TensorBoard curve, not two halves)."""
+    if not ckpt_path or str(ckpt_path) in SPECIAL_CKPT_PATHS or save_dir is None:
+        return None
+    ckpt = Path(str(ckpt_path)).resolve()
+    run = ckpt.parent.parent
+    number = run.name.removeprefix("version_")
+    inside = ckpt.parent.name == "checkpoints" and run.name.startswith("version_") and number.isdigit()
+    return int(number) if inside and run.parent == (Path(str(save_dir)) / str(name or "")).resolve() else None
+
+
 class ReproCLI(LightningCLI):
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("model_class", GPTLightningModule)
         kwargs.setdefault("datamodule_class", TextDataModule)
+        kwargs.setdefault(
+            "seed_everything_default", 0
+        )  # a config that names no seed: seed 0, said in config.yaml
         if not os.environ.get(VERBOSE_ENV):  # the seed is in the saved config.yaml; -v shows the line
             logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
+            for name in (
+                "lightning.pytorch.utilities.rank_zero",
+                "lightning.pytorch.trainer.connectors.checkpoint_connector",
+            ):
+                logging.getLogger(name).addFilter(_quiet_noise)
+            warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated.*")
         super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
+        parser.set_defaults({"trainer.log_every_n_steps": 10})  # Lightning's 50 logs nothing in a short run
         if self.pretrained:  # the model's own tokenizer tokenizes the data
             parser.link_arguments("model.pretrained", "data.tokenizer_file", compute_fn=_model_folder)
             return
@@ -133,6 +167,38 @@ class ReproCLI(LightningCLI):
         if trainer.get("precision") is None:
             trainer["precision"] = default_precision(accelerator)
         self._check_pipeline_stages(config)
+        logger = trainer.get("logger")
+        if (
+            self.subcommand == "fit"
+            and isinstance(logger, Namespace)
+            and "TensorBoardLogger" in logger.class_path
+        ):
+            args = logger.init_args
+            if args.get("version") is None:  # a resumed fit logs on into the run it resumes
+                args["version"] = resumed_version(
+                    config.get("ckpt_path"), args.get("save_dir"), args.get("name")
+                )
+
+    def _default_trainer_kwargs(self) -> dict:
+        """What a config that leaves them unset gets: TensorBoard under ``logs/<config name>/version_<n>``
+        (the resumed run's version when ``ckpt_path`` is one of its checkpoints) instead of
+        ``lightning_logs/``, and only ``FinalCheckpoint``'s checkpoint (no ``epoch=..-step=..ckpt``
+        beside it) unless the config lists a ``ModelCheckpoint``."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        trainer = config.get("trainer") or {}
+        out = {}
+        if trainer.get("logger") is None and self.subcommand == "fit":
+            files = config.get("config") or []
+            name = Path(str(files[-1])).stem if files else "run"
+            save_dir = os.path.join(trainer.get("default_root_dir") or ".", "logs")
+            version = resumed_version(config.get("ckpt_path"), save_dir, name)
+            out["logger"] = TensorBoardLogger(save_dir, name=name, version=version, default_hp_metric=False)
+        callbacks = trainer.get("callbacks") or []
+        if trainer.get("enable_checkpointing") in (None, True) and not any(
+            "ModelCheckpoint" in str(getattr(c, "class_path", "")) for c in callbacks
+        ):
+            out["enable_checkpointing"] = False
+        return out
 
     @staticmethod
     def _check_pipeline_stages(config) -> None:
@@ -179,9 +245,14 @@ class ReproCLI(LightningCLI):
                 f"data: the tokenizer has {self.datamodule.vocab_size:,} ids but the model's embedding holds "
                 f"{self.model.model.vocab_size:,}; tokenize with the model's own tokenizer"
             )
-        trainer = super().instantiate_trainer(**kwargs)
+        trainer = super().instantiate_trainer(**{**self._default_trainer_kwargs(), **kwargs})
         if self.subcommand == "fit" and not any(isinstance(c, FinalCheckpoint) for c in trainer.callbacks):
             trainer.callbacks.append(FinalCheckpoint())
+        bar = (
+            trainer.progress_bar_callback
+        )  # Lightning's default bar, counting steps where steps bound the run
+        if bar is not None:
+            trainer.callbacks[trainer.callbacks.index(bar)] = counting_steps(bar)
         return trainer
 
     def instantiate_classes(self) -> None:

@@ -6,16 +6,19 @@ model or checkpoint it names are reported in one line, before anything is built 
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 import warnings
 from pathlib import Path
 
+import torch
 import yaml
 from jsonargparse import ArgumentError
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from repro.config_errors import one_line
+from repro.cores import busy_machine_line
 from repro.paths import missing_file_message
 from repro.pipeline.lightning import named_strategy_options, register_strategies
 from repro.pipeline.lightning.rendezvous import RendezvousError
@@ -116,6 +119,10 @@ def main(argv: list[str]) -> int:
         print(f"repro {command}: error: {problem}", file=sys.stderr)
         return 2
     register_strategies()
+    busy = busy_machine_line(torch.get_num_threads())  # the pipeline's stages share the cores themselves
+    first_local = os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("SLURM_LOCALID", "0") == "0"
+    if busy and first_local and sys.stderr.isatty() and not asks_help(argv):  # said to a person at a terminal
+        print(f"repro {command}: {busy}", file=sys.stderr)
     warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter is intended.*")
     STOP.stopped = None
     model_class = HFCausalLMModule if trains_pretrained(argv) else GPTLightningModule
