@@ -327,6 +327,50 @@ def test_a_module_without_the_stage_protocol_is_refused(tmp_path):
         trainer.fit(PlainModule())
 
 
+@pytest.mark.parametrize("gone", ["parts", "input", "loss", "weight"])
+def test_an_adapter_missing_a_protocol_method_is_told_which(gone):
+    """One line naming the method the module's adapter lacks (and only it); the steps the module
+    defines that the pipeline replaces are named at start unless it declares they compute the same."""
+    from repro.pipeline.lightning.seams import steps_not_run
+    from repro.pipeline.stage_parts import PROTOCOL, stage_adapter_for
+
+    methods = {name: (lambda self, *args: None) for name in PROTOCOL if name != gone}
+    adapter = type("HalfAdapter", (), methods)()
+    module = type("HalfModule", (PlainModule,), {"pipeline_stages": lambda self: adapter})()
+    with pytest.raises(TypeError) as err:
+        stage_adapter_for(module)
+    message = str(err.value)
+    assert f"lacks {PROTOCOL[gone]};" in message and "\n" not in message
+    line = steps_not_run(module)
+    assert "HalfModule.training_step will not run" in line and "validation_step" not in line
+    module.pipeline_replaces_steps = True
+    assert steps_not_run(module) is None
+
+
+@pytest.mark.slow
+def test_the_strategy_pages_complete_example_trains_under_the_strategy_on_two_processes(tmp_path):
+    """docs/strategy.md's example, as the page shows it, run as a script: 2 spawned stage processes,
+    the validation loss far below chance, and no line about steps (it declares they compute the same)."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from conftest import REPO_ROOT
+
+    page = (REPO_ROOT / "docs" / "strategy.md").read_text()
+    (block,) = re.findall(r"```python\n(# my_pipeline\.py.*?)```", page, flags=re.S)
+    (tmp_path / "my_pipeline.py").write_text(block)
+    done = subprocess.run(
+        [sys.executable, "my_pipeline.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    loss = float(re.search(r"val/loss ([0-9.]+)", done.stdout).group(1))
+    assert loss < 1.0  # ln 64 = 4.16 at chance
+    assert "will not run" not in done.stdout + done.stderr
+
+
 def test_clapping_resumes_from_a_checkpoint_to_the_same_losses(corpus, tmp_path):
     from lightning.pytorch.callbacks import ModelCheckpoint
 

@@ -121,6 +121,8 @@ class GPTLightningModule(L.LightningModule):
             ('inductor', 'aot_eager', ...). Weights and checkpoints are those of the plain model.
     """
 
+    pipeline_replaces_steps = True  # its steps compute what GPTStages' loss does (see the pipeline strategy)
+
     def __init__(
         self,
         gpt: GPTConfig,

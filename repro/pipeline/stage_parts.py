@@ -45,6 +45,15 @@ class StageAdapter(Protocol):
     def weight(self, batch: Any) -> int: ...  # how many units the mean loss of a batch averages over
 
 
+# the stage adapter's methods, as an error names them
+PROTOCOL = {
+    "parts": "parts()",
+    "input": "input(batch)",
+    "loss": "loss(output, batch)",
+    "weight": "weight(batch)",
+}
+
+
 class ModelPart(nn.Module):
     """Some submodules of a model, run by one of the model's own methods. The submodules are
     registered here (their parameters belong to this part); the model itself is not, so a part
@@ -128,18 +137,20 @@ def stage_adapter_for(module: object) -> StageAdapter:
     own = getattr(module, "pipeline_stages", None)
     if callable(own):
         adapter = own()
-        if not isinstance(adapter, StageAdapter):
+        missing = [PROTOCOL[name] for name in PROTOCOL if not callable(getattr(adapter, name, None))]
+        if missing:
             raise TypeError(
-                f"{type(module).__name__}.pipeline_stages() returned {type(adapter).__name__}, which lacks "
-                "parts(), input(batch), loss(output, batch) or weight(batch)"
+                f"{type(module).__name__}.pipeline_stages() returned a {type(adapter).__name__}, which lacks "
+                f"{' and '.join(missing)}; a stage adapter has {', '.join(PROTOCOL.values())} "
+                f"(docs/strategy.md, 'Your own LightningModule')"
             )
         return adapter
     if isinstance(getattr(module, "model", None), GPT):
         return GPTStages(module.model)
     raise TypeError(
         f"{type(module).__name__} does not implement the pipeline stage protocol: give it a method "
-        f"pipeline_stages() returning a StageAdapter (parts(), input(batch), loss(output, batch), weight(batch)), "
-        f"or a `model` attribute that is a repro.models.GPT; see repro/pipeline/stage_parts.py and the README"
+        f"pipeline_stages() returning a stage adapter ({', '.join(PROTOCOL.values())}), or a `model` attribute "
+        f"that is a repro.models.GPT (docs/strategy.md, 'Your own LightningModule')"
     )
 
 

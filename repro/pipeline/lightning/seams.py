@@ -5,14 +5,21 @@ error at the check, not a feature silently switched off):
   metric (the suite's modules do); any other one gets ``<split>/loss`` logged;
 - a datamodule that ``HasShuffleSeed`` seeds the pipeline's sampler (unless ``sampler_seed`` is set);
 - a strategy that ``ReportsPipeline`` (``ClappingStrategy``) brings its statistics up to date and
-  summarises a run for the engine's result files.
+  summarises a run for the engine's result files;
+- a LightningModule's own ``training_step``, ``validation_step`` and ``test_step`` do not run under
+  the pipeline (its stage adapter's ``loss`` does); ``steps_not_run`` names them, in one line said at
+  start, unless the module declares ``pipeline_replaces_steps = True`` (its steps compute what the
+  adapter does, as the suite's modules' do).
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
+import lightning as L
 import torch
+
+STEPS = ("training_step", "validation_step", "test_step")
 
 
 @runtime_checkable
@@ -30,3 +37,20 @@ class ReportsPipeline(Protocol):
     def flush_statistics(self) -> None: ...
 
     def run_summary(self) -> dict[str, Any]: ...
+
+
+def steps_not_run(module: L.LightningModule) -> str | None:
+    """One line naming the module's own steps that the pipeline replaces (None when it defines none
+    or declares ``pipeline_replaces_steps``)."""
+    if getattr(module, "pipeline_replaces_steps", False):
+        return None
+    cls = type(module)
+    own = [name for name in STEPS if getattr(cls, name, None) is not getattr(L.LightningModule, name)]
+    if not own:
+        return None
+    names = ", ".join(f"{cls.__name__}.{name}" for name in own)
+    return (
+        f"[clapping] {names} will not run (nor their self.log calls): the pipeline computes each micro-batch's "
+        f"loss with {cls.__name__}.pipeline_stages()'s loss() and logs train/loss, val/loss, test/loss itself; "
+        f"set pipeline_replaces_steps = True on {cls.__name__} once they compute the same (docs/strategy.md)"
+    )

@@ -43,7 +43,7 @@ from ..transport import StageLinks, stage_collectives
 from . import checkpoint, compat
 from .loader import check_reuse, training_loader
 from .processes import StageProcesses
-from .seams import RecordsEvalLoss
+from .seams import RecordsEvalLoss, steps_not_run
 from .step_report import (
     RunTotals,
     StatWindow,
@@ -59,7 +59,16 @@ from .step_report import (
 class ClappingStrategy(StageProcesses):
     """Pipeline-parallel training with compressed activations and gradients (Clapping). Keyword
     arguments: the fields of ``PipelineOptions`` (listed with their meaning in ``--help`` and in
-    ``paper_configs/models/smoke/pipeline.yaml``)."""
+    ``paper_configs/models/smoke/pipeline.yaml``).
+
+    The contract with a LightningModule: it gives its stages by ``pipeline_stages()`` (a stage
+    adapter: ``parts``, ``input``, ``loss``, ``weight``), or has a suite ``GPT`` as ``model``. Its
+    ``configure_optimizers``, hooks and callbacks run; its ``training_step``, ``validation_step``
+    and ``test_step`` do not (nor their ``self.log`` calls): the adapter's ``loss`` is each
+    micro-batch's loss and the strategy logs ``train/loss``, ``val/loss``, ``test/loss``. A module
+    that defines those steps is told so in one line at start, unless it sets
+    ``pipeline_replaces_steps = True``; a missing adapter method is an error naming it.
+    docs/strategy.md has a complete example."""
 
     strategy_name = "clapping"
 
@@ -117,6 +126,8 @@ class ClappingStrategy(StageProcesses):
         self.split = StageSplit(self.global_rank, self.num_stages, counts, parts)
         if self.global_rank == 0:  # Lightning's model summary sees rank 0's stage only
             rank_zero_info(parameters_line(self.split))
+            if (unused := steps_not_run(module)) is not None:
+                rank_zero_info(unused)
         if isinstance(self.adapter, MaterializesStages):  # read this stage's weights only
             self.adapter.materialize(self.split.modules_of(self.global_rank))
         self.local = keep_local_parts(module, self.split)
