@@ -57,18 +57,11 @@ from .step_report import (
 
 
 class ClappingStrategy(StageProcesses):
-    """Pipeline-parallel training with compressed activations and gradients (Clapping). Keyword
-    arguments: the fields of ``PipelineOptions`` (listed with their meaning in ``--help`` and in
-    ``paper_configs/models/smoke/pipeline.yaml``).
-
-    The contract with a LightningModule: it gives its stages by ``pipeline_stages()`` (a stage
-    adapter: ``parts``, ``input``, ``loss``, ``weight``), or has a suite ``GPT`` as ``model``. Its
-    ``configure_optimizers``, hooks and callbacks run; its ``training_step``, ``validation_step``
-    and ``test_step`` do not (nor their ``self.log`` calls): the adapter's ``loss`` is each
-    micro-batch's loss and the strategy logs ``train/loss``, ``val/loss``, ``test/loss``. A module
-    that defines those steps is told so in one line at start, unless it sets
-    ``pipeline_replaces_steps = True``; a missing adapter method is an error naming it.
-    docs/strategy.md has a complete example."""
+    """Pipeline-parallel training with compressed activations and gradients (Clapping); keyword
+    arguments: the fields of ``PipelineOptions``. A module gives its stages by ``pipeline_stages()``
+    (``parts``, ``input``, ``loss``, ``weight``; a missing one is named) or has a suite ``GPT`` as
+    ``model``; its optimizers, hooks and callbacks run, its ``*_step`` methods and their ``self.log``
+    do not (said at start unless ``pipeline_replaces_steps``). Example: docs/strategy.md."""
 
     strategy_name = "clapping"
 
