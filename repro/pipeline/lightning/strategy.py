@@ -117,10 +117,8 @@ class ClappingStrategy(StageProcesses):
         K = self.num_stages
         counts = layers_per_stage(len(parts.layers), K, self.options.layers_per_stage)
         self.split = StageSplit(self.global_rank, self.num_stages, counts, parts)
-        if self.global_rank == 0:  # Lightning's model summary sees rank 0's stage only
-            rank_zero_info(parameters_line(self.split))
-            if (unused := steps_not_run(module)) is not None:
-                rank_zero_info(unused)
+        if self.global_rank == 0:  # Lightning's model summary sees rank 0's stage only; the steps not run
+            rank_zero_info("\n".join(filter(None, (parameters_line(self.split), steps_not_run(module)))))
         if isinstance(self.adapter, MaterializesStages):  # read this stage's weights only
             self.adapter.materialize(self.split.modules_of(self.global_rank))
         self.local = keep_local_parts(module, self.split)
