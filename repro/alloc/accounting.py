@@ -1,4 +1,4 @@
-"""Analytical resource accounting (spec section 6). Pure functions, no torch.
+"""Analytical resource accounting (PROTOCOL.md §R6). Pure functions, no torch.
 
 Per token and per layer, for a context of T tokens, summed over layers:
   fixed width (MHA/GQA): KV cache 2 * n_kv * d_h elements; RoPE 3 * (n_h + n_kv) * r_l FLOPs

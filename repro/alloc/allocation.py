@@ -1,4 +1,4 @@
-"""Allocations (spec section 4): which layers get the high level under a budget.
+"""Allocations (PROTOCOL.md §R4): which layers get the high level under a budget.
 
 Budget-matched methods pick exactly k high layers (the rest low): ``profiled`` (top-k of the
 coverage-benefit profile, ties to the shallower layer), ``transferred`` (top-k of a profile

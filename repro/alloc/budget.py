@@ -1,4 +1,4 @@
-"""The coverage budget (spec section 2): two levels, high and low, and how many layers are high.
+"""The coverage budget (PROTOCOL.md §R2): two levels, high and low, and how many layers are high.
 
 Fixed width (MHA): levels are coverages c in [0, 1]; a coverage becomes rotated dims
 ``r = 2 * round(c * d_h / 2)``. MLA: levels are physical rotary widths d_R (even integers).

@@ -1,4 +1,4 @@
-"""Coverage-benefit profile (spec section 3): what upgrading one layer to high coverage buys early on.
+"""Coverage-benefit profile (PROTOCOL.md §R3): what upgrading one layer to high coverage buys early on.
 
 Base run: every layer low. Upgrade run l: layer l high, the others low (or a contiguous group of
 g layers at once: ceil(L/g) + 1 runs). Each run trains T_early steps from the same init seed;

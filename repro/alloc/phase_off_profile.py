@@ -1,4 +1,4 @@
-"""Phase-off profile (spec section 3): how much a trained model's loss depends on each layer's
+"""Phase-off profile (PROTOCOL.md §R3): how much a trained model's loss depends on each layer's
 rotary phase. For each layer l, the validation loss with the rotation angle forced to 0 in layer l
 only (its rotary dims stay, with no phase); ``phase_off[l] = loss_off(l) - loss_ref``.
 Optionally per query head.

@@ -1,4 +1,4 @@
-"""Normalized-depth transfer (spec section 4): a profile of an L_s-layer model guides an L_t-layer model.
+"""Normalized-depth transfer (PROTOCOL.md §R4): a profile of an L_s-layer model guides an L_t-layer model.
 
 Layer j of an L-layer model sits at u_j = j / (L - 1) (u = 0.5 when L = 1). The target profile
 is the source profile read at the target's depths: linear interpolation (default) or the

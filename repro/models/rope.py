@@ -2,7 +2,7 @@
 
 The rotated slice of a head is always its first ``width`` dims, rotated GPT-NeoX style
 (pairs ``(i, i + width/2)``); the remaining dims carry no position (NoPE).
-Frequencies (spec section 1):
+Frequencies (PROTOCOL.md §R1):
   - ``neox``:  theta_i = base^(-2i / width),          i < width/2
   - ``prope``: theta_i = base^(-2i / reference_dim),  i < width/2
     (p-RoPE keeps the width/2 highest frequencies of a full-width RoPE over reference_dim;

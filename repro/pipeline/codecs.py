@@ -1,4 +1,4 @@
-"""Communication methods (spec section 3): what one end of one boundary and direction sends and
+"""Communication methods (PROTOCOL.md §C3): what one end of one boundary and direction sends and
 what it makes of what it receives.
 
 A :class:`ChannelCodec` is one end (sender or receiver) of one (boundary, direction) channel. Both

@@ -1,4 +1,4 @@
-"""Compressors for the messages between pipeline stages (spec section 2).
+"""Compressors for the messages between pipeline stages (PROTOCOL.md §C2).
 
 ``compress(x, seed) -> Payload`` and ``decompress(payload, shape, dtype, seed) -> x_hat``. A
 :class:`Payload` is one flat uint8 tensor: exactly the bytes that cross the wire, so its size is

@@ -1,4 +1,4 @@
-"""The memory model of the methods' buffers (spec section 3): what a middle pipeline rank keeps,
+"""The memory model of the methods' buffers (PROTOCOL.md §C3): what a middle pipeline rank keeps,
 measured by allocating the buffers with the methods' own code, next to the analytical formulas.
 
 AQ-SGD keeps one row of ``T x d`` per training sample at each forward end (``N x T x d``; its

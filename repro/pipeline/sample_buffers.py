@@ -1,5 +1,5 @@
 """AQ-SGD's per-sample buffers: one row per training sample id (``N x T x d`` per boundary),
-held in memory or in a disk memmap (spec section 3). Rows are allocated on first write, when the
+held in memory or in a disk memmap (PROTOCOL.md §C3). Rows are allocated on first write, when the
 message shape is known; a row that was never written is "not filled"."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``make reproduce-clapping``: the Clapping experiments (spec section 7).
+"""``make reproduce-clapping``: the Clapping experiments (PROTOCOL.md §C7).
 
 Every row of the grid (method x compressor x p) is trained for every seed through the
 ``clapping`` strategy at K stages on K processes (fork launcher, gloo), as runs of the engine: a

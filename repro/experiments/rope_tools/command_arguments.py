@@ -12,7 +12,7 @@ from repro.experiments.kit.scale_args import add_scale_args
 
 def _levels_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
-        "budget levels (defaults from the spec: MHA 1.0/0.25/0.5 coverage; MLA d_nope, d_nope/4, d_nope/2)"
+        "budget levels (defaults of PROTOCOL.md §R2: MHA 1.0/0.25/0.5 coverage; MLA d_nope, d_nope/4, d_nope/2)"
     )
     g.add_argument(
         "--high",
@@ -254,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     ac = sub.add_parser(
         "account",
         help="KV-cache, RoPE and attention cost per token of a model or allocation",
-        description="Analytical resource accounting per token and per layer (spec section 6).",
+        description="Analytical resource accounting per token and per layer (PROTOCOL.md §R6).",
     )
     ac.add_argument("--config", required=True, type=Path, help="the repro fit YAML of the model")
     ac.add_argument(
@@ -274,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     an = sub.add_parser(
         "analyze",
         help="stability, phase-off vs benefit, transfer fidelity, calibration",
-        description="The brief analysis of spec section 5 from saved profiles and results.",
+        description="The brief analysis of PROTOCOL.md §R5 from saved profiles and results.",
     )
     an.add_argument("--benefit", type=Path, help="coverage-benefit profile JSON (stability across seeds)")
     an.add_argument("--phase-off", type=Path, help="phase-off profile JSON (Spearman against --benefit)")

@@ -6,7 +6,7 @@ For each architecture (fixed-width MHA and MLA), in two stages of training runs:
    and the all-high reference (the all-high row's first seed, saved as a checkpoint) whose
    phase-off profile is then measured;
 2. rows: the source profile is transferred to the target by normalized depth, every method of
-   spec section 4 allocates, and every allocation is trained for every seed (same init seed and
+   PROTOCOL.md §R4 allocates, and every allocation is trained for every seed (same init seed and
    data order per seed across rows), plus the pair runs of the interaction terms and the extra
    budgets of the quality-storage-compute figure.
 

@@ -219,7 +219,7 @@ class RunTotals:
 def pipe_scalars(
     report: StepReport, totals: RunTotals, fresh_batches: int, steps_done: int, wall_s: float
 ) -> dict[str, float]:
-    """The ``pipe/*`` scalars at a reduction (spec section 6): per-step values are means over the
+    """The ``pipe/*`` scalars at a reduction (PROTOCOL.md §C6): per-step values are means over the
     steps since the previous reduction, totals are exact."""
     values: dict[str, float] = {}
     steps = max(report.steps, 1)

@@ -1,5 +1,5 @@
 """``ClappingStrategy``: pipeline-parallel training in Lightning, with compressed messages between
-stages (Clapping spec sections 1 to 6).
+stages (PROTOCOL.md §C1 to §C6).
 
 One process per stage. ``setup`` cuts the LightningModule's model into stage parts (its stage
 adapter, ``repro.pipeline.stage_parts``) and frees the other stages' parts. A training step runs
