@@ -21,6 +21,12 @@ COLUMN_WIDTH_IN = 3.4  # one column of a two-column paper
 TEXT_WIDTH_IN = 7.0  # both columns
 
 
+def seeds_phrase(seeds) -> str:
+    """'1 seed' or 'n seeds' (a list of seeds or a count)."""
+    n = seeds if isinstance(seeds, int) else len(seeds)
+    return f"{n} seed" if n == 1 else f"{n} seeds"
+
+
 def style() -> None:
     plt.rcParams.update(
         {

@@ -30,13 +30,16 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
         px = [MN * p["predicted_gain"] for p in pts]
         py = [MN * p["realized_gain"] for p in pts]
         ax.scatter(px, py, s=16, color="tab:blue", edgecolors="black", linewidths=0.3)
-        for p in pts:
+        offsets = ((3, 2, "left"), (3, -7, "left"), (-3, 2, "right"), (-3, -7, "right"))
+        for i, p in enumerate(sorted(pts, key=lambda q: (q["predicted_gain"], q["realized_gain"]))):
+            dx, dy, ha = offsets[i % len(offsets)]  # neighbours' labels go to different corners
             ax.annotate(
                 ",".join(p["methods"][:2]),
                 (MN * p["predicted_gain"], MN * p["realized_gain"]),
                 textcoords="offset points",
-                xytext=(3, 2),
-                fontsize=5,
+                xytext=(dx, dy),
+                ha=ha,
+                fontsize=4.5,
             )
         cal = an.get("calibration")
         if cal and np.isfinite(cal["slope"]):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from repro.stats import mean_interval
 
-from _common import COLUMN_WIDTH_IN, METHOD_COLORS, load_clapping, plt, save, style
+from _common import COLUMN_WIDTH_IN, METHOD_COLORS, load_clapping, plt, save, seeds_phrase, style
 
 
 def _finals(doc: dict, regime: str, method: str, compressor: str, p: float) -> list[float]:
@@ -52,9 +52,15 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
         mean, low, high = mean_interval(none)
         ax.axhline(mean, color="black", linewidth=0.8, linestyle=":", label="none (exact)")
         ax.axhspan(low, high, color="black", alpha=0.08, linewidth=0)
+    ps = sorted(grid["clapping_p"] + [1.0])
+    ax.set_xlim(0.0, 1.05)  # p is in (0, 1]: the whole range, whatever ps the grid has
+    ax.set_xticks(sorted(set(ps)))
     ax.set_xlabel("p (probability of a fresh batch)")
     ax.set_ylabel("final validation loss (nats/token)")
-    ax.set_title(f"{regime} regime, mean and 95% CI over seeds {doc['seeds']}", fontsize=7)
+    spread = "mean and 95% CI over " if len(doc["seeds"]) > 1 else "one run, no interval: "
+    ax.set_title(
+        f"Clapping: final loss against p, {regime} regime ({spread}{seeds_phrase(doc['seeds'])})", fontsize=7
+    )
     fig.legend(loc="outside lower center", ncol=2, frameon=False, fontsize=5.5)
     return save(fig, out, "clapping_p")
 

@@ -27,6 +27,7 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
     ax.set_yticklabels(labels, fontsize=5.5)
     ax.invert_yaxis()
     ax.set_xlabel("seconds per run (mean over seeds)")
+    ax.set_title(f"Clapping ({doc['scale']}): training time per run, compute and emulated network", pad=18)
     ax.legend(frameon=False, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2)
     return save(fig, out, "clapping_time")
 

@@ -49,9 +49,9 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
         ax.set_xticks(x)
         ax.set_xlabel("layer (target model)")
         ax.set_ylabel("coverage benefit (nats)")
-        ax.set_title(
-            f"{arch.upper()}: coverage benefit ({target['meta']['steps']}-step runs, ± std over seeds)"
-        )
+        seeds = target["meta"].get("seeds") or []
+        spread = "± std over seeds" if len(seeds) > 1 else "one seed: no spread"
+        ax.set_title(f"{arch.upper()}: coverage benefit ({target['meta']['steps']}-step runs, {spread})")
         ax = row[1]
         ax.bar(
             x, phase_off["values"], color="tab:green", alpha=0.75, label="loss(phase off) - loss(reference)"

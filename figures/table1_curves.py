@@ -30,6 +30,7 @@ from _common import (
     method_of,
     plt,
     save,
+    seeds_phrase,
     style,
 )
 
@@ -85,7 +86,7 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
         zoom.set_xlim(start, steps0[-1])
         zoom.set_ylim(lo - pad, hi + pad)
         axes[0, col].set_title(
-            f"{ARCH_TITLE[arch]}, {arch_doc['target_layers']} layers, {len(doc['seeds'])} seed(s): whole run"
+            f"{ARCH_TITLE[arch]}, {arch_doc['target_layers']} layers, {seeds_phrase(doc['seeds'])}: whole run"
         )
         zoom.set_title(f"zoomed: steps {start} to {steps0[-1]}")
         for ax in axes[:, col]:

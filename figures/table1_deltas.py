@@ -19,6 +19,7 @@ from _common import (
     method_of,
     plt,
     save,
+    seeds_phrase,
     style,
 )
 
@@ -50,7 +51,7 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
         ax.axhline(len(matched) - 0.5, color="gray", linewidth=0.5, linestyle=":")
         stats = doc["architectures"][arch].get("statistics", {})
         detect = stats.get("detectable_difference")
-        title = f"{ARCH_TITLE[arch]}, {len(doc['seeds'])} seeds"
+        title = f"{ARCH_TITLE[arch]}, {seeds_phrase(doc['seeds'])}"
         if detect:
             title += f"; detectable Δ {detect:.3f}"
         ax.set_title(title)

@@ -244,7 +244,11 @@ def _link_cells(r: TableRow) -> str:
 def markdown(report: dict[str, Any]) -> str:
     s = report["settings"]
     rows = [TableRow.from_record(r) for r in report["rows"]]
-    lines = []
+    lines = [
+        f"# Clapping (scale `{report['scale']}`): every method, compressor and p against none, "
+        "pipeline-parallel with compressed messages",
+        "",
+    ]
     for regime in s["regimes"]:
         grid = s[regime]
         lines += [
