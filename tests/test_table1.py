@@ -242,6 +242,18 @@ def test_every_shipped_settings_file_plans_both_halves(path, tmp_path):
         assert num_high_layers(plan.shape.n_layer, plan.levels) == plan.shape.n_layer // 3
 
 
+def test_a_step_time_no_gpu_could_run_at_is_flagged_in_the_plan():
+    """--step-time is one step of the reference model: the plan says the TFLOP/s it implies, and warns
+    when that is above any GPU's peak (a step time of a smaller scale's model, say)."""
+    from repro.experiments.kit.compute_plan import PlannedRun, plan_lines
+
+    runs = [PlannedRun(name="r", stage=1, steps=100, tokens=10**6, flops=1e17, gpus=1)]
+    fair = plan_lines("plan", runs, 1.0, "ref.yaml", reference_flops=1e14)  # 100 TFLOP/s
+    assert any("100 TFLOP/s" in line for line in fair) and not any("WARNING" in line for line in fair)
+    (warning,) = [line for line in plan_lines("plan", runs, 0.01, "ref.yaml", 1e14) if "WARNING" in line]
+    assert "one step of ref.yaml" in warning  # 10,000 TFLOP/s
+
+
 def test_the_shipped_settings_files_are_found():
     shipped = {"smoke", "cpu-quick", "cpu", "gpu", "gpu_check", "paper", "paper_gpu_check"}
     assert {p.stem for p in SETTINGS_FILES} == shipped

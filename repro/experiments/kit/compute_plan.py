@@ -72,6 +72,9 @@ def wall_seconds(runs: Sequence[PlannedRun], seconds_per_flop: float, gpus: int)
     return total
 
 
+PEAK_FLOPS = 989e12  # the bf16 dense peak of the fastest single GPU the suite has seen (H100 / H200 SXM)
+
+
 def plan_lines(
     title: str,
     runs: Sequence[PlannedRun],
@@ -106,6 +109,13 @@ def plan_lines(
         f"  at {step_time:.4g} s per step of {reference} ({how_measured}; other models scaled by counted "
         f"FLOPs per step): {gpu_hours:.3g} {unit}-hours"
     )
+    rate = reference_flops / step_time  # what that step time implies one device does
+    lines.append(f"  that step time is {rate / 1e12:.3g} TFLOP/s of training on one {unit}")
+    if rate > PEAK_FLOPS:
+        lines.append(
+            f"  WARNING: above the bf16 dense peak of any one GPU ({PEAK_FLOPS / 1e12:.0f} TFLOP/s, an H200): "
+            f"--step-time must be one step of {reference}, not of another scale's model"
+        )
     for n in gpus:
         lines.append(
             f"  wall time on {n} {unit}{'s' if n > 1 else ''}: {wall_seconds(runs, per_flop, n) / 3600:.3g} h"
