@@ -126,7 +126,9 @@ def test_a_reproduction_killed_midway_is_finished_by_two_shards_with_the_same_ta
     work = smoke_table["work"]
     out = work / "results" / "killed"
     args = ["table1", "--settings", str(SMOKE), "--out", str(out)]
-    code = interrupt(args, work, lambda: len(list(out.rglob("runs/*.json"))) >= 3, signal.SIGKILL)
+    code = interrupt(
+        args, work, lambda: len(list(out.rglob("runs/*.json"))) >= 20, signal.SIGKILL
+    )  # of 24 in stage 1
     assert code != 0
     assert not (out / "table1.json").exists()
     kept = len(list(out.rglob("runs/*.json")))
@@ -146,7 +148,7 @@ def test_a_reproduction_killed_midway_is_finished_by_two_shards_with_the_same_ta
     trained = [int(log.split("stage 2 of 2: ")[1].split(" runs")[0]) for log in logs]
     assert min(trained) > 0  # both shards trained rows
     doc = json.loads((out / "table1.json").read_text())
-    assert doc["runs_reused"] >= kept >= 3
+    assert doc["runs_reused"] >= kept >= 20
     assert doc["rows"] == smoke_table["doc"]["rows"]
 
 
