@@ -3,6 +3,7 @@ bit-identical buffers, logged bytes, training progress, checkpoints, failures an
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ from repro.lit import GPTLightningModule
 from repro.models import GPTConfig
 from repro.pipeline.compressors import build_compressor
 from repro.pipeline.lightning import ClappingStrategy
+from repro.pipeline.schedule import stage_schedule
 from repro.pipeline.stage_parts import StageParts
 
 
@@ -165,10 +167,18 @@ def test_clapping_buffers_are_bit_identical_and_logged_bytes_are_the_bytes_sent(
             p=0.5,
             schedule=schedule,
             bandwidth_mbps=50.0,
+            timeline_dir=str(tmp_path / "timeline"),
         ),
         steps=5,
         devices=k,
     )
+    for rank in range(k):  # each rank's timeline: the schedule's forwards and backwards in its order, every step
+        trace = json.loads((tmp_path / "timeline" / f"timeline_rank{rank}.json").read_text())["traceEvents"]
+        compute = [e for e in trace if e.get("cat") == "compute"]
+        expected = [f"{kind}{m}" for kind, m in stage_schedule(schedule, rank, k, 2)]
+        assert [e["name"] for e in compute] == expected * 5
+        assert [e["args"]["step"] for e in compute] == [s for s in range(5) for _ in expected]
+        assert all(e["dur"] >= 0 for e in trace if e.get("ph") == "X")
     for step in range(5):
         for b in range(k - 1):
             for direction, (snd, rcv) in {"fwd": (b, b + 1), "bwd": (b + 1, b)}.items():

@@ -46,6 +46,7 @@ class PipelineOptions:
     process_group_backend: str | None = None  # 'gloo' or 'nccl'; None = gloo on CPU, nccl on CUDA
     start_method: str = "popen"  # how ranks start: 'popen' (CLI, torchrun, SLURM), 'spawn' or 'fork'
     compile: bool | str = False  # torch.compile each stage module: false, true (inductor), a backend
+    timeline_dir: str | None = None  # write each rank's step timeline there (Chrome trace); None = off
     fwd: Compressor = field(init=False, repr=False, compare=False)  # built from fwd_compressor
     bwd: Compressor = field(init=False, repr=False, compare=False)  # built from bwd_compressor
 

@@ -15,9 +15,10 @@ from typing import Any
 import torch
 
 from .codecs import ChannelCodec, MessageContext
-from .compressors import Identity, Payload
+from .compressors import Identity
 from .schedule import Action, forward_schedule
 from .stage_parts import StageSplit
+from .train_step import TrainStep
 from .transport import StageLinks
 
 EXACT = Identity()  # the exact message (method none, and every evaluation): its bytes and its layout
@@ -140,7 +141,8 @@ class StageRunner:
         if codec is None:  # evaluation: exact messages
             self.links.send(EXACT.compress(x).data, dst, direction, 2 * m)
             return
-        payload, x_hat = codec.encode(x, m, ctx)
+        with self.links.timeline.span(f"encode {direction} {m}", "codec"):
+            payload, x_hat = codec.encode(x, m, ctx)
         self.links.send(payload.data, dst, direction, 2 * m)
         if stats is not None:
             stats.payload_bytes += payload.nbytes
@@ -163,69 +165,15 @@ class StageRunner:
         schedule: list[Action],
         loss_scale: float,
     ) -> tuple[torch.Tensor | None, StepStats]:
-        """Run the schedule; gradients accumulate into the parameters' ``.grad``. Returns the sum
-        of the micro-batch losses (last stage; ``None`` elsewhere) and what this rank sent."""
+        """Run the schedule (``train_step.py``); gradients accumulate into the parameters'
+        ``.grad``. Returns the sum of the micro-batch losses (last stage; ``None`` elsewhere) and
+        what this rank sent."""
         stats = StepStats()
-        split, links = self.split, self.links
         signatures = [batch_signature(mb) for mb in micro_batches]
-        fwd_recv = self.codecs.get(("fwd", "recv"))
-        bwd_recv = self.codecs.get(("bwd", "recv"))
-        fwd_send = self.codecs.get(("fwd", "send"))
-        bwd_send = self.codecs.get(("bwd", "send"))
-
-        pending_in: dict[int, Any] = {}
-        if not split.is_first:  # post every input receive whose size is known
-            for m, sig in enumerate(signatures):
-                if sig in self.shapes:
-                    shape, dtype = self.shapes[sig]
-                    nbytes = fwd_recv.payload_nbytes(shape, dtype, m, contexts[m])
-                    pending_in[m] = links.recv(nbytes, self.stage - 1, "fwd", 2 * m, f"activation {m}")
-        pending_grad: dict[int, Any] = {}
-        inputs: dict[int, torch.Tensor] = {}
-        outputs: dict[int, torch.Tensor] = {}
-        loss_sum: torch.Tensor | None = None
-
-        for action in schedule:
-            m = action.micro_batch
-            if action.kind == "F":
-                if split.is_first:
-                    x = self.input_fn(micro_batches[m])
-                else:
-                    shape, dtype = self._input_shape(signatures[m], m)
-                    if m not in pending_in:
-                        nbytes = fwd_recv.payload_nbytes(shape, dtype, m, contexts[m])
-                        pending_in[m] = links.recv(nbytes, self.stage - 1, "fwd", 2 * m, f"activation {m}")
-                    data = pending_in.pop(m).wait()
-                    x = (
-                        fwd_recv.decode(Payload(data), shape, dtype, m, contexts[m])
-                        .detach()
-                        .requires_grad_(True)
-                    )
-                y = split.forward(x)
-                inputs[m] = x
-                if split.is_last:
-                    loss = self.loss_fn(y, micro_batches[m])
-                    outputs[m] = loss
-                    loss_sum = loss.detach().float() if loss_sum is None else loss_sum + loss.detach().float()
-                else:
-                    outputs[m] = y
-                    self._send_forward(y, m, signatures[m], fwd_send, contexts[m], stats)
-                    nbytes = bwd_recv.payload_nbytes(tuple(y.shape), y.dtype, m, contexts[m])
-                    pending_grad[m] = links.recv(nbytes, self.stage + 1, "bwd", 2 * m, f"gradient {m}")
-            else:
-                out = outputs.pop(m)
-                if split.is_last:
-                    (out * loss_scale).backward()
-                else:
-                    data = pending_grad.pop(m).wait()
-                    g = bwd_recv.decode(Payload(data), tuple(out.shape), out.dtype, m, contexts[m])
-                    out.backward(g)
-                x = inputs.pop(m)
-                if not split.is_first:
-                    grad = x.grad if x.grad is not None else torch.zeros_like(x)
-                    self._send(grad, m, "bwd", self.stage - 1, bwd_send, contexts[m], stats.bwd)
-        links.finish_sends()
-        return loss_sum, stats
+        step = TrainStep(self, micro_batches, contexts, loss_scale, stats, signatures)
+        step.run(schedule)
+        self.links.finish_sends()
+        return step.loss_sum, stats
 
     @torch.no_grad()
     def eval_step(self, micro_batches: list[Any]) -> tuple[torch.Tensor | None, int]:

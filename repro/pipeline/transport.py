@@ -24,6 +24,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from .timeline import NO_TIMELINE
+
 _DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.uint8]
 _HEADER_LEN = 10  # ndim, 8 dims, dtype code
 
@@ -86,7 +88,8 @@ class PendingRecv:
         )
 
     def wait(self) -> torch.Tensor:
-        self.links._wait(self.work, self.what, self.src)
+        with self.links.timeline.span(f"wait for {self.what}", "wait", src=self.src):
+            self.links._wait(self.work, self.what, self.src)
         return (
             self.buffer.to(self.device, non_blocking=False)
             if self.buffer.device != self.device
@@ -124,6 +127,7 @@ class StageLinks:
         self.stage_through_host = stage_through_host
         self.counters = LinkCounters()
         self._sends: list[tuple[object, torch.Tensor]] = []
+        self.timeline = NO_TIMELINE  # the strategy's, when it records one
 
     def _wire(self, t: torch.Tensor) -> torch.Tensor:
         return t.cpu() if self.stage_through_host and t.device.type != "cpu" else t.contiguous()
@@ -142,12 +146,14 @@ class StageLinks:
         work = dist.isend(wire, dst=dst, group=self.groups[direction], tag=tag)
         self._sends.append((work, wire))
         self.counters.bytes_sent[direction] += wire.numel()
+        self.timeline.instant(f"send {direction} tag {tag}", "send", dst=dst, bytes=wire.numel())
 
     def recv(self, nbytes: int, src: int, direction: str, tag: int, what: str) -> PendingRecv:
         """Post a receive of ``nbytes``; ``.wait()`` returns the bytes (or raises on timeout)."""
         on_host = self.stage_through_host and self.device.type != "cpu"
         buffer = torch.empty(nbytes, dtype=torch.uint8, device="cpu" if on_host else self.device)
         work = dist.irecv(buffer, src=src, group=self.groups[direction], tag=tag)
+        self.timeline.instant(f"receive posted: {what}", "recv", src=src, bytes=nbytes)
         return PendingRecv(self, work, buffer, self.device, what, src)
 
     def send_header(
@@ -190,6 +196,10 @@ class StageLinks:
 
     def finish_sends(self) -> None:
         """Wait for every send posted so far."""
+        with self.timeline.span("wait for the sends to be taken", "wait", sends=len(self._sends)):
+            self._finish_sends()
+
+    def _finish_sends(self) -> None:
         for work, _ in self._sends:
             try:
                 work.wait(self.timeout)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,6 +25,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from repro.data.sampler import LazyBatchSampler
+from repro.files import write_json_atomic
 from repro.stopping import STOP, Stopped, install_stop
 
 from ..codecs import ChannelCodec, MessageContext
@@ -39,11 +41,13 @@ from ..stage_parts import (
     parameters_line,
     stage_adapter_for,
 )
+from ..timeline import Timeline
 from ..transport import StageLinks, stage_collectives
 from . import checkpoint, compat
+from .evaluation import PipelineEvaluation
 from .loader import check_reuse, training_loader
 from .processes import StageProcesses
-from .seams import RecordsEvalLoss, steps_not_run
+from .seams import steps_not_run
 from .step_report import (
     RunTotals,
     StatWindow,
@@ -56,7 +60,7 @@ from .step_report import (
 )
 
 
-class ClappingStrategy(StageProcesses):
+class ClappingStrategy(PipelineEvaluation, StageProcesses):
     """Pipeline-parallel training with compressed activations and gradients (Clapping); keyword
     arguments: the fields of ``PipelineOptions``. A module gives its stages by ``pipeline_stages()``
     (``parts``, ``input``, ``loss``, ``weight``; a missing one is named) or has a suite ``GPT`` as
@@ -147,6 +151,8 @@ class ClappingStrategy(StageProcesses):
             self.options.bandwidth_mbps,
             stage_through_host=self._backend() == "gloo" and self.root_device.type != "cpu",
         )
+        if self.options.timeline_dir:  # where each step's time goes (timeline.py)
+            links.timeline = Timeline(self.global_rank)
         self.runner = StageRunner(self.split, links, self.codecs, self.adapter.input, self.adapter.loss)
 
     def model_to_device(self) -> None:
@@ -174,11 +180,19 @@ class ClappingStrategy(StageProcesses):
     # ------------------------------------------------------------------ steps
     def _clip(self, optimizer, max_norm: float) -> None:
         params = [p for g in optimizer.param_groups for p in g["params"]]
-        with stage_collectives(self.global_rank, "gradient clipping"):
+        with (
+            stage_collectives(self.global_rank, "gradient clipping"),
+            self.runner.links.timeline.span("clip", "collective"),
+        ):
             clip_global_grad_norm(params, self.local, self.root_device, max_norm)
 
     def training_step(self, *args: Any, **kwargs: Any):
-        with stage_collectives(self.global_rank, f"training step {self.steps_done}"):
+        timeline = self.runner.links.timeline
+        timeline.step = self.steps_done
+        with (
+            timeline.span(f"step {self.steps_done}", "step"),
+            stage_collectives(self.global_rank, f"training step {self.steps_done}"),
+        ):
             return self._training_step(*args, **kwargs)
 
     def _training_step(self, *args: Any, **kwargs: Any):
@@ -215,14 +229,16 @@ class ClappingStrategy(StageProcesses):
         )
         with self.precision_plugin.train_step_context():
             loss_sum, stats = self.runner.train_step(micro, contexts, schedule, scale)
-        sum_tied_gradients(self.local, self._tied_groups)
+        with self.runner.links.timeline.span("tied gradients' sum", "collective"):
+            sum_tied_gradients(self.local, self._tied_groups)
         self._stashed_grads = [(p, p.grad) for p in params if p.grad is not None]
         for p, g in earlier:
             p.grad = g
         self.window.add(stats)
-        loss_value, nonfinite, stop = reduce_loss(
-            loss_sum, len(micro), stats, self.root_device, self._stop_signals, STOP.signum
-        )
+        with self.runner.links.timeline.span("loss and flags' all-reduce", "collective"):
+            loss_value, nonfinite, stop = reduce_loss(
+                loss_sum, len(micro), stats, self.root_device, self._stop_signals, STOP.signum
+            )
         if stop is not None and STOP.stopped is None:  # every rank stops after this step, together
             STOP.stopped = Stopped(stop, int(trainer.global_step) + 1, None)
             trainer.should_stop = True
@@ -299,6 +315,9 @@ class ClappingStrategy(StageProcesses):
     def on_train_end(self) -> None:
         self.flush_statistics()
         STOP.restore()
+        if self.options.timeline_dir and self.runner is not None:
+            path = Path(self.options.timeline_dir) / f"timeline_rank{self.global_rank}.json"
+            write_json_atomic(path, self.runner.links.timeline.chrome_trace())
         super().on_train_end()
 
     def backward(self, closure_loss: torch.Tensor, optimizer, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -309,37 +328,6 @@ class ClappingStrategy(StageProcesses):
             p.grad = g if p.grad is None else p.grad + g
         self._stashed_grads = []
         return self.precision_plugin.post_backward(closure_loss, module)
-
-    def _evaluate(self, split_name: str, batch: Any) -> torch.Tensor:
-        micro = split_batch(batch, self.options.micro_batches, equal=False)
-        with self.precision_plugin.val_step_context():
-            total, count = self.runner.eval_step(micro)
-        vec = torch.zeros(2, dtype=torch.float64, device=self.root_device)
-        if total is not None:
-            vec[0], vec[1] = total, count
-        with stage_collectives(self.global_rank, f"the {split_name} loss's reduction"):
-            dist.all_reduce(vec)
-        loss = (vec[0] / vec[1]).float()
-        weight = self.adapter.weight(batch)
-        if isinstance(self.lightning_module, RecordsEvalLoss):
-            self.lightning_module.record_eval_loss(split_name, loss, weight)
-        else:
-            self.lightning_module.log(
-                f"{split_name}/loss", loss, on_step=False, on_epoch=True, batch_size=weight
-            )
-        return loss
-
-    def validation_step(self, *args: Any, **kwargs: Any):
-        return self._evaluate("val", args[0] if args else kwargs["batch"])
-
-    def test_step(self, *args: Any, **kwargs: Any):
-        return self._evaluate("test", args[0] if args else kwargs["batch"])
-
-    def predict_step(self, *args: Any, **kwargs: Any):
-        raise NotImplementedError(
-            "strategy='clapping' does not predict; load its checkpoint (the full model) into a single-process "
-            "Trainer for predictions"
-        )
 
     # ------------------------------------------------------------------ logging
     def run_summary(self) -> dict[str, Any]:
