@@ -151,6 +151,22 @@ def test_none_identity_through_k_stages_matches_one_process(
         assert seen == set(ref_grads)  # every parameter lives on some stage
 
 
+def test_a_compressed_tied_sum_is_the_same_on_both_stages_and_counts_its_bytes(corpus, tmp_path):
+    """tied_compressor quant(8): each end sends its embedding (or head) gradient plus its kept error,
+    compressed; both ends add the decoded messages in stage order, so the tied gradient is bitwise the
+    same on the first and the last stage at every step, and its bytes are the compressed payloads'."""
+    records = fit(
+        tmp_path, make_dm(corpus, tmp_path / "c"), make_module(n_layer=2),
+        pipeline(2, tied_compressor="quant(8)"), steps=3, devices=2,
+    )  # fmt: skip
+    first, last = records
+    for a, b in zip(first["grads"], last["grads"]):
+        assert torch.equal(a["model.wte.weight"], b["model.wte.weight"])
+    payload = build_compressor("quant(8)").payload_nbytes((64, 32), torch.float32)
+    assert first["totals"]["bytes"]["tied0"] == first["totals"]["bytes"]["tied1"] == 3 * payload
+    assert first["totals"]["raw_bytes"]["tied0"] == 3 * 64 * 32 * 4 and payload < 64 * 32 * 4 / 3
+
+
 # ---------------------------------------------------------------------- compression
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_clapping_buffers_are_bit_identical_and_logged_bytes_are_the_bytes_sent(schedule, corpus, tmp_path):
@@ -172,7 +188,9 @@ def test_clapping_buffers_are_bit_identical_and_logged_bytes_are_the_bytes_sent(
         steps=5,
         devices=k,
     )
-    for rank in range(k):  # each rank's timeline: the schedule's forwards and backwards in its order, every step
+    for rank in range(
+        k
+    ):  # each rank's timeline: the schedule's forwards and backwards in its order, every step
         trace = json.loads((tmp_path / "timeline" / f"timeline_rank{rank}.json").read_text())["traceEvents"]
         compute = [e for e in trace if e.get("cat") == "compute"]
         expected = [f"{kind}{m}" for kind, m in stage_schedule(schedule, rank, k, 2)]
@@ -196,9 +214,17 @@ def test_clapping_buffers_are_bit_identical_and_logged_bytes_are_the_bytes_sent(
         sent_bwd = records[b + 1]["sent"]["bwd"]
         assert totals["bytes"][f"b{b}_fwd"] == sent_fwd == 5 * 2 * per_message["fwd"]
         assert totals["bytes"][f"b{b}_bwd"] == sent_bwd == 5 * 2 * per_message["bwd"]
+    # the tied embedding and head (vocabulary 64 x 32, fp32): the first and the last stage each send
+    # their gradient to the other once a step, exactly, and those bytes count too
+    tied = 5 * 64 * 32 * 4
+    assert (
+        totals["bytes"]["tied0"] == totals["bytes"][f"tied{k - 1}"] == tied and len(totals["bytes"]) == 2 * k
+    )
+    messages = sum(v for tag, v in totals["bytes"].items() if tag.startswith("b"))
+    assert records[0]["metrics"]["pipe/bytes_total"] == messages + 2 * tied
     raw = 5 * 2 * 4 * 32 * 32 * 4 * 2 * (k - 1)
     assert records[0]["metrics"]["pipe/compression_ratio"] == pytest.approx(
-        sum(totals["bytes"].values()) / raw
+        (messages + 2 * tied) / (raw + 2 * tied)
     )
     assert all(r["metrics"]["pipe/buffer_bytes/rank0"] == 2 * 2 * 4 * 32 * 32 * 4 for r in records)
     for rank, rec in enumerate(

@@ -2,7 +2,7 @@
 stage's parts is replaced by an empty placeholder (its memory is freed, the module's structure and
 state-dict keys stay). Parameters held by several stages (tied weights, like a token embedding
 shared with the output head) stay on each of them; their gradients are summed between those
-stages after every backward pass, so the copies stay equal.
+stages after every backward pass (``tied_gradients.py``), so the copies stay equal.
 """
 
 from __future__ import annotations
@@ -91,15 +91,6 @@ def keep_local_parts(module: nn.Module, split: StageSplit) -> LocalModel:
                 placeholders.add(id(empty))
     local.freed_keys = {k for k, v in module.state_dict(keep_vars=True).items() if id(v) in placeholders}
     return local
-
-
-def sum_tied_gradients(local: LocalModel, groups: dict[tuple[int, ...], object]) -> None:
-    """Sum the gradients of every tied parameter between the stages that hold it."""
-    for tied in local.tied:
-        p = tied.param
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=groups[tied.stages])
 
 
 def clip_global_grad_norm(

@@ -46,9 +46,11 @@ class PipelineOptions:
     process_group_backend: str | None = None  # 'gloo' or 'nccl'; None = gloo on CPU, nccl on CUDA
     start_method: str = "popen"  # how ranks start: 'popen' (CLI, torchrun, SLURM), 'spawn' or 'fork'
     compile: bool | str = False  # torch.compile each stage module: false, true (inductor), a backend
+    tied_compressor: str = "identity"  # the tied weights' gradient sum: identity (exact) or a compressor + EF
     timeline_dir: str | None = None  # write each rank's step timeline there (Chrome trace); None = off
     fwd: Compressor = field(init=False, repr=False, compare=False)  # built from fwd_compressor
     bwd: Compressor = field(init=False, repr=False, compare=False)  # built from bwd_compressor
+    tied: Compressor = field(init=False, repr=False, compare=False)  # built from tied_compressor
 
     def __post_init__(self) -> None:
         def positive_int(name, value, allow_none=False):
@@ -74,6 +76,7 @@ class PipelineOptions:
             raise ValueError(f"strategy method={self.method!r}: allowed values are {METHODS}")
         self.fwd = build_compressor(self.fwd_compressor, "strategy fwd_compressor")
         self.bwd = build_compressor(self.bwd_compressor, "strategy bwd_compressor")
+        self.tied = build_compressor(self.tied_compressor, "strategy tied_compressor")
         if self.method == "none" and not (self.fwd.is_identity and self.bwd.is_identity):
             raise ValueError(
                 f"strategy method='none' sends exact messages, but fwd_compressor={self.fwd_compressor!r}, "
@@ -128,6 +131,7 @@ class PipelineOptions:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
         out["fwd_compressor"] = self.fwd.spec
         out["bwd_compressor"] = self.bwd.spec
+        out["tied_compressor"] = self.tied.spec
         return out
 
 
@@ -166,5 +170,5 @@ def options_doc() -> str:
     return "Args:\n" + "\n".join(
         f"    {name}: {comment}"
         for name, comment in field_comments(PipelineOptions).items()
-        if name not in ("fwd", "bwd")
+        if name not in ("fwd", "bwd", "tied")
     )

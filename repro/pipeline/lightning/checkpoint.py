@@ -31,9 +31,14 @@ def merge_stage_state_dicts(full_keys, parts: list[dict[str, Any]]) -> OrderedDi
     return merged
 
 
+TIED = "tied"  # the entry of a rank's codec states that holds its tied sums' error feedback
+
+
 def pipeline_state(strategy, with_sample_rows: bool) -> dict[str, Any] | None:
     """The ``clapping`` entry of a checkpoint (a collective; rank 0 gets it, others None)."""
     rank_state = {f"{d}:{r}": c.state_dict(with_sample_rows) for (d, r), c in strategy.codecs.items()}
+    if strategy.tied is not None and strategy.tied.errors:  # the tied sums' error feedback
+        rank_state[TIED] = strategy.tied.state_dict()
     gathered = gather_objects(rank_state, strategy.world_size, strategy.is_global_zero, strategy.object_group)
     if not strategy.is_global_zero:
         return None
@@ -85,7 +90,10 @@ def restore_pipeline_state(strategy, ckpt: dict[str, Any], path) -> None:
     strategy.totals.load_state_dict(state.get("totals", {}))
     if state.get("sampler") is not None:
         strategy.pending["sampler"] = state["sampler"]
-    codecs = state["codecs"][strategy.global_rank] if state.get("codecs") else {}
+    codecs = dict(state["codecs"][strategy.global_rank]) if state.get("codecs") else {}
+    tied = codecs.pop(TIED, None)
+    if tied is not None and strategy.tied is not None:
+        strategy.tied.load_state_dict(tied, strategy.root_device)
     if strategy.codecs:
         for key, codec_state in codecs.items():
             strategy.codecs[tuple(key.split(":"))].load_state_dict(codec_state, strategy.root_device)

@@ -37,7 +37,8 @@ class StepReport:
     """The steps since the previous reduction as every rank sees them after this one."""
 
     loss: float  # mean micro-batch loss of the latest step (from the last stage)
-    channels: dict[str, ChannelStep]  # 'b<boundary>_<fwd|bwd>' -> what it sent over the window
+    # 'b<boundary>_<fwd|bwd>' -> what it sent over the window; 'tied<r>': rank r's tied-gradient sums
+    channels: dict[str, ChannelStep]
     buffer_bytes: list[float]  # per rank: bytes of the method buffers it holds
     emulated_s: list[float]  # per rank: emulated link time so far
     param_bytes: list[float]  # per rank: parameter bytes of its stage
@@ -55,7 +56,7 @@ class StepReport:
         """Where a NaN or inf came from (the same list on every rank)."""
         faults = []
         for tag, channel in self.channels.items():
-            if channel.nonfinite > 0:
+            if channel.nonfinite > 0 and tag.startswith("b"):
                 b, direction = tag[1:].split("_")
                 b = int(b)
                 src, dst = (b, b + 1) if direction == "fwd" else (b + 1, b)
@@ -74,7 +75,12 @@ class StatWindow:
 
     def clear(self) -> None:
         self.sums: dict[str, list] = {"fwd": [0] * len(STAT_FIELDS), "bwd": [0] * len(STAT_FIELDS)}
+        self.tied = [0, 0]  # bytes this rank sent for tied-gradient sums, and their exact size
         self.steps = 0
+
+    def add_tied(self, sent: int, raw: int) -> None:
+        self.tied[0] += sent
+        self.tied[1] += raw
 
     def add(self, stats: StepStats) -> None:
         for direction in ("fwd", "bwd"):
@@ -121,7 +127,7 @@ def reduce_window(
     k, n = num_stages, len(STAT_FIELDS)
     block = 2 * n  # per boundary: fwd fields, then bwd fields
     tail = (k - 1) * block
-    vec = torch.zeros(tail + 3 * k, dtype=torch.float64, device=device)
+    vec = torch.zeros(tail + 5 * k, dtype=torch.float64, device=device)
 
     def put(boundary: int, offset: int, sums: list) -> None:
         base = boundary * block + offset
@@ -135,6 +141,7 @@ def reduce_window(
     vec[tail + rank] = buffer_bytes
     vec[tail + k + rank] = emulated_s
     vec[tail + 2 * k + rank] = param_bytes
+    vec[tail + 3 * k + rank], vec[tail + 4 * k + rank] = window.tied
     dist.all_reduce(vec)
     values = vec.tolist()
     steps = window.steps
@@ -147,6 +154,9 @@ def reduce_window(
             channels[f"b{b}_{direction}"] = ChannelStep(
                 f["payload_bytes"], f["raw_bytes"], f["rel_error_sum"] / max(f["messages"], 1), f["nonfinite"]
             )
+    for r in range(k):  # the tied-gradient sums each rank sent (tied models only)
+        if values[tail + 4 * k + r] > 0:
+            channels[f"tied{r}"] = ChannelStep(values[tail + 3 * k + r], values[tail + 4 * k + r], 0.0, 0.0)
     return StepReport(
         loss,
         channels,
@@ -192,9 +202,12 @@ class RunTotals:
         return sum(self.raw_bytes.values())
 
     def sent_per_rank(self, num_stages: int) -> list[float]:
-        """Bytes each rank sent: its forward activations and its backward gradients."""
+        """Bytes each rank sent: its forward activations, its backward gradients, its tied sums."""
         return [
-            self.bytes.get(f"b{r}_fwd", 0.0) + self.bytes.get(f"b{r - 1}_bwd", 0.0) for r in range(num_stages)
+            self.bytes.get(f"b{r}_fwd", 0.0)
+            + self.bytes.get(f"b{r - 1}_bwd", 0.0)
+            + self.bytes.get(f"tied{r}", 0.0)
+            for r in range(num_stages)
         ]
 
     def state_dict(self) -> dict:

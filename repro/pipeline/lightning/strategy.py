@@ -29,7 +29,7 @@ from repro.files import write_json_atomic
 from repro.stopping import STOP, Stopped, install_stop
 
 from ..codecs import ChannelCodec, MessageContext
-from ..model_split import LocalModel, clip_global_grad_norm, keep_local_parts, sum_tied_gradients
+from ..model_split import LocalModel, clip_global_grad_norm, keep_local_parts
 from ..options import PipelineOptions, options_doc, options_signature
 from ..runner import NonFiniteError, StageRunner, split_batch
 from ..schedule import stage_schedule
@@ -41,6 +41,7 @@ from ..stage_parts import (
     parameters_line,
     stage_adapter_for,
 )
+from ..tied_gradients import TiedGradients
 from ..timeline import Timeline
 from ..transport import StageLinks, stage_collectives
 from . import checkpoint, compat
@@ -99,6 +100,7 @@ class ClappingStrategy(PipelineEvaluation, StageProcesses):
         self.window = StatWindow()  # this rank's statistics since that reduction
         self._groups: dict[str, Any] = {}
         self._tied_groups: dict[tuple[int, ...], Any] = {}
+        self.tied: TiedGradients | None = None  # the tied parameters' gradient sums (setup)
         self._stashed_grads: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
         self.pending: dict[str, Any] = {}  # checkpoint state that waits for the codecs or the sampler
         self._fit_start: float | None = None
@@ -152,7 +154,7 @@ class ClappingStrategy(PipelineEvaluation, StageProcesses):
             stage_through_host=self._backend() == "gloo" and self.root_device.type != "cpu",
         )
         if self.options.timeline_dir:  # where each step's time goes (timeline.py)
-            links.timeline = Timeline(self.global_rank)
+            links.timeline = self.tied.timeline = Timeline(self.global_rank)
         self.runner = StageRunner(self.split, links, self.codecs, self.adapter.input, self.adapter.loss)
 
     def model_to_device(self) -> None:
@@ -165,6 +167,9 @@ class ClappingStrategy(PipelineEvaluation, StageProcesses):
             self._tied_groups[stages] = dist.new_group(ranks=list(stages), backend=self._backend())
         for tied in self.local.tied:  # start from the lowest stage's values
             dist.broadcast(tied.param.data, src=tied.stages[0], group=self._tied_groups[tied.stages])
+        self.tied = TiedGradients(
+            self.local, self._tied_groups, self.global_rank, self.options.tied, self.options.compression_seed
+        )
 
     def _drop_foreign_from_optimizers(self) -> None:
         keep = {id(p) for p in self.lightning_module.parameters() if p.numel() > 0}
@@ -229,8 +234,7 @@ class ClappingStrategy(PipelineEvaluation, StageProcesses):
         )
         with self.precision_plugin.train_step_context():
             loss_sum, stats = self.runner.train_step(micro, contexts, schedule, scale)
-        with self.runner.links.timeline.span("tied gradients' sum", "collective"):
-            sum_tied_gradients(self.local, self._tied_groups)
+        self.window.add_tied(*self.tied.sum(step))
         self._stashed_grads = [(p, p.grad) for p in params if p.grad is not None]
         for p, g in earlier:
             p.grad = g
