@@ -4,7 +4,10 @@ with the output head lives on the first and the last stage).
 Each stage sends its gradient to every other holder with point-to-point messages and every holder
 adds the holders' gradients in stage order, so all copies get the same sum, bit for bit, and the
 bytes on the wire are counted like the boundary messages (an all-reduce would send them too, but
-uncounted, by an algorithm of the backend's choosing). With a compressor (``tied_compressor``),
+uncounted, by an algorithm of the backend's choosing). Each sending stage has a process group (a
+connection) of its own: gloo carries one large message at a time per connection, so two stages
+sending to each other over one connection took turns (measured: 1.7 s for 1 MiB each way at
+10 Mbit/s, against 0.9 s on two). With a compressor (``tied_compressor``),
 what a stage sends is its gradient plus the error it kept from earlier steps (error feedback), and
 every holder, the sender included, adds the decoded messages: both ends still hold the same sum.
 """
@@ -28,23 +31,29 @@ class TiedGradients:
 
     Args:
         local: What the rank kept after the split (its tied parameters and their stages).
-        groups: A process group per set of stages that share parameters.
         rank: This rank (= stage).
+        backend: The process groups' backend (every rank builds them, in the same order).
         compressor: How a stage's gradient is sent (``identity``: exactly).
         seed: Base seed of a compressor's shared randomness (per step and parameter).
     """
 
     def __init__(
-        self,
-        local: LocalModel,
-        groups: dict[tuple[int, ...], Any],
-        rank: int,
-        compressor: Compressor,
-        seed: int = 0,
+        self, local: LocalModel, rank: int, backend: str | None, compressor: Compressor, seed: int = 0
     ) -> None:
-        self.local, self.groups, self.rank, self.compressor, self.seed = local, groups, rank, compressor, seed
+        self.local, self.rank, self.compressor, self.seed = local, rank, compressor, seed
+        self.groups: dict[tuple[tuple[int, ...], int], Any] = {}  # (stages, sending stage) -> group
+        for stages in local.tied_groups:  # every rank creates every group, in the same order
+            for sender in stages:
+                self.groups[stages, sender] = dist.new_group(ranks=list(stages), backend=backend)
         self.errors: dict[str, torch.Tensor] = {}  # parameter name -> error kept (error feedback)
         self.timeline = NO_TIMELINE
+
+    def broadcast_from_first(self) -> None:
+        """Every copy starts from the lowest stage's values."""
+        for tied in self.local.tied:
+            dist.broadcast(
+                tied.param.data, src=tied.stages[0], group=self.groups[tied.stages, tied.stages[0]]
+            )
 
     def sum(self, step: int) -> tuple[int, int]:
         """Sum every tied gradient between its stages (a collective of the holders). Returns the
@@ -67,14 +76,14 @@ class TiedGradients:
             if not self.compressor.is_identity:
                 self.errors[tied.name] = own - decoded
             others = [s for s in tied.stages if s != self.rank]
-            group = self.groups[tied.stages]
+            mine = self.groups[tied.stages, self.rank]
             data = payload.data.contiguous()
             with self.timeline.span(f"tied sum {tied.name}", "collective", bytes=data.numel() * len(others)):
-                works = [dist.isend(data, dst=s, group=group, tag=TAG + index) for s in others]
+                works = [dist.isend(data, dst=s, group=mine, tag=TAG + index) for s in others]
                 received = {}
                 for s in others:
                     buffer = torch.empty(data.numel(), dtype=torch.uint8, device=data.device)
-                    dist.irecv(buffer, src=s, group=group, tag=TAG + index).wait()
+                    dist.irecv(buffer, src=s, group=self.groups[tied.stages, s], tag=TAG + index).wait()
                     received[s] = self.compressor.decompress(Payload(buffer), shape, dtype, seed)
                 for work in works:
                     work.wait()

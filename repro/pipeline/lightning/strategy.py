@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
@@ -99,7 +98,6 @@ class ClappingStrategy(PipelineEvaluation, StageProcesses):
         self.last_report: StepReport | None = None  # the statistics of the latest reduction
         self.window = StatWindow()  # this rank's statistics since that reduction
         self._groups: dict[str, Any] = {}
-        self._tied_groups: dict[tuple[int, ...], Any] = {}
         self.tied: TiedGradients | None = None  # the tied parameters' gradient sums (setup)
         self._stashed_grads: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
         self.pending: dict[str, Any] = {}  # checkpoint state that waits for the codecs or the sampler
@@ -163,13 +161,10 @@ class ClappingStrategy(PipelineEvaluation, StageProcesses):
 
     def _setup_tied_parameters(self) -> None:
         assert self.local is not None
-        for stages in self.local.tied_groups:  # every rank creates every group, in the same order
-            self._tied_groups[stages] = dist.new_group(ranks=list(stages), backend=self._backend())
-        for tied in self.local.tied:  # start from the lowest stage's values
-            dist.broadcast(tied.param.data, src=tied.stages[0], group=self._tied_groups[tied.stages])
         self.tied = TiedGradients(
-            self.local, self._tied_groups, self.global_rank, self.options.tied, self.options.compression_seed
+            self.local, self.global_rank, self._backend(), self.options.tied, self.options.compression_seed
         )
+        self.tied.broadcast_from_first()
 
     def _drop_foreign_from_optimizers(self) -> None:
         keep = {id(p) for p in self.lightning_module.parameters() if p.numel() > 0}
