@@ -290,18 +290,18 @@ def test_each_row_gets_the_link_timing_of_its_own_method_and_the_table_shows_it(
     (tmp_path / "link").mkdir()
     (tmp_path / "link" / "settings.yaml").write_text(yaml.safe_dump(wanted, sort_keys=False))
     bench = load_settings(tmp_path / "link" / "settings.yaml")  # the bench accepts them
-    labels = [run.label for run in bench.network_runs]
+    labels = [run.label for run in bench.link_runs]
     assert labels[0] == "none" and len(set(labels)) == len(labels)
     assert set(labels) == {link_times.run_label(r) for r in rows} | {"none"}
-    assert all(NetworkRun(**run).label in labels for run in wanted["network_runs"])
+    assert all(NetworkRun(**run).label in labels for run in wanted["link_runs"])
     config = load_model_config(settings.model)
     assert (bench.n_layer, bench.block_size, bench.batch_size) == (
         config.gpt_config(1).n_layer,
         config.block_size,
         config.batch_size,
     )
-    assert (bench.network_stages, bench.link_timed_steps, bench.link_rates_mbit) == (
-        settings.stages,
+    assert (bench.link_stages, bench.link_timed_steps, bench.link_rates_mbit) == (
+        (settings.stages,),
         3,
         (settings.bandwidth_mbps,),
     )

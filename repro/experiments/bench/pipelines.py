@@ -66,8 +66,9 @@ class _RankReport(L.Callback):
 
 
 def run_strategy(s: BenchSettings, run: NetworkRun, start_method: str, seed: int = 0, **options: Any):
-    """The strategy of one bench run: its method and compressors, the bench's micro-batches."""
-    return ClappingStrategy(
+    """The strategy of one bench run: its method and compressors, the bench's micro-batches
+    (``options`` override any of them)."""
+    kwargs: dict[str, Any] = dict(
         micro_batches=s.micro_batches,
         method=run.method,
         fwd_compressor=run.fwd_compressor,
@@ -75,9 +76,9 @@ def run_strategy(s: BenchSettings, run: NetworkRun, start_method: str, seed: int
         p=run.p,
         sampler_seed=seed,
         start_method=start_method,
-        timeout_s=options.pop("timeout_s", 300),
-        **options,
+        timeout_s=300,
     )
+    return ClappingStrategy(**{**kwargs, **options})
 
 
 def clapping_run(

@@ -111,13 +111,13 @@ def _note(r: dict[str, Any]) -> str:
             out += f"; bound 1/ratio {r['speedup_bound_1_over_ratio']:.2f}, Amdahl {r['speedup_bound_amdahl']:.2f}"
         return out
     if sec == "link":
-        out = f"ratio {r['compression_ratio']:.3f}; {r['achieved_mbit']:.1f} Mbit/s of messages"
-        if r.get("reference"):
-            out += f"; Amdahl bound {r['speedup_bound_amdahl']:.2f}"
-        return (
-            out
-            + f"; compute {r['compute_s_per_step']:.3f} s, link (none) {r['link_s_per_step_of_none']:.3f} s"
+        out = (
+            f"{r['fraction_of_limit']:.2f} of the limit {r['limit_s']:.3f} s (uplink {r['link_s_per_step']:.3f} s, "
+            f"compute {r['compute_s_per_step']:.3f} s); {r['fraction_of_limit_with_fill']:.2f} with the fill"
         )
+        if r.get("reference"):
+            out += f"; serial bound {r['speedup_bound_amdahl']:.2f}"
+        return out
     if sec == "scale":
         return f"{r['bytes_per_step'] / 2**20:.2f} MiB sent per step"
     if sec == "memory" and "analytical_bytes" in r:
@@ -168,7 +168,31 @@ def format_table(report: dict[str, Any]) -> str:
         if r.get("ratio_meaning") and key not in seen:
             seen.add(key)
             lines.append(f"- {r['section']}: {r['ratio_meaning']}")
+    links = [r for r in report["rows"] if r["section"] == "link"]
+    if links:
+        lines += ["", link_table(links)]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def link_table(rows: list[dict[str, Any]]) -> str:
+    """The link rows against their physical limit (docs/performance.md's table)."""
+    lines = [
+        "| K | rate | run | schedule, M | step (s) | busiest uplink (MB/step) | its link time (s) | compute (s) "
+        "| limit (s) | fraction of the limit | with the fill | speed-up over none [95% CI] | serial bound |",
+        "|" + "---|" * 13,
+    ]
+    for r in rows:
+        speedup = "" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        if r.get("ratio_ci_low") is not None:
+            speedup += f" [{r['ratio_ci_low']:.2f}, {r['ratio_ci_high']:.2f}]"
+        bound = f"{r['speedup_bound_amdahl']:.2f}" if r["ratio"] is not None else ""
+        lines.append(
+            f"| {r['stages']} | {r['rate_mbit']:g} Mbit/s | {r['name'].split(' @ ')[0]} | {r['schedule']}, "
+            f"{r['micro_batches']} | {r['median']:.3f} | {max(r['uplink_bytes_per_step']) / 1e6:.3f} | "
+            f"{r['link_s_per_step']:.3f} | {r['compute_s_per_step']:.3f} | {r['limit_s']:.3f} | "
+            f"**{r['fraction_of_limit']:.2f}** | {r['fraction_of_limit_with_fill']:.2f} | {speedup} | {bound} |"
+        )
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

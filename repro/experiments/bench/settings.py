@@ -5,7 +5,9 @@ read by the engine's settings loader.
 subset the tests run (under 2 minutes): the same sections on a smaller model, fewer repeats;
 ``gpu`` is ``make bench-gpu``: the compile section alone on the paper configs (a CUDA machine);
 ``versus_torch`` is the race against torch.distributed.pipelining (the pipeline and hf sections)
-with enough paired repeats to tell a few percent (19.7 minutes on a 2-core machine at b4feec6).
+with enough paired repeats to tell a few percent (19.7 minutes on a 2-core machine at b4feec6);
+``links`` is the link section alone on slow shaped links (10, 25, 100 Mbit/s; K = 2 and 4; tied and
+untied; the schedules it was diagnosed with).
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from repro.experiments.kit.settings import ConfigPath, shipped_settings
 from repro.experiments.kit.settings import load_settings as load_settings_file
 from repro.pipeline.codecs import METHODS
 from repro.pipeline.compressors import build_compressor
+from repro.pipeline.schedule import SCHEDULES
 
-PRESETS = ("full", "quick", "gpu", "versus_torch")
+PRESETS = ("full", "quick", "gpu", "versus_torch", "links")
 SECTIONS = (
     "lightning",
     "rope",
@@ -41,17 +44,30 @@ class NetworkRun:
     fwd_compressor: str = "identity"  # activation compressor
     bwd_compressor: str = "identity"  # gradient compressor
     p: float = 1.0  # lazy-sampling probability
+    tied_compressor: str = "identity"  # link section: the tied embedding/head gradient sum (identity: exact)
+    untied: bool = False  # link section: the bench GPT with a head of its own (no tied sum)
+    schedule: str | None = None  # link section: gpipe | 1f1b; None = link_schedule
+    micro_batches: int | None = None  # link section: M; None = link_micro_batches
 
     @property
     def label(self) -> str:
         if self.method == "none":
-            return "none" if self.p == 1.0 else f"none p={self.p:g}"
-        comp = (
-            self.fwd_compressor
-            if self.fwd_compressor == self.bwd_compressor
-            else f"{self.fwd_compressor}/{self.bwd_compressor}"
-        )
-        return f"{self.method} {comp}" + (f" p={self.p:g}" if self.p != 1.0 else "")
+            out = "none" if self.p == 1.0 else f"none p={self.p:g}"
+        else:
+            comp = (
+                self.fwd_compressor
+                if self.fwd_compressor == self.bwd_compressor
+                else f"{self.fwd_compressor}/{self.bwd_compressor}"
+            )
+            out = f"{self.method} {comp}" + (f" p={self.p:g}" if self.p != 1.0 else "")
+        if self.untied:
+            out += ", untied"
+        elif self.tied_compressor != "identity":
+            out += f", tied sum {self.tied_compressor}"
+        if self.schedule is not None or self.micro_batches is not None:
+            out += f" [{self.schedule or ''}{' ' if self.schedule and self.micro_batches else ''}"
+            out += f"{f'M={self.micro_batches}' if self.micro_batches else ''}]"
+        return out
 
 
 NETWORK_RUNS = (
@@ -60,13 +76,21 @@ NETWORK_RUNS = (
     NetworkRun("clapping_fc", "quant(4)", "quant(8)", 0.5),
     NetworkRun("clapping_fu", "topk(0.1)", "topk(0.1)", 0.5),
 )
+LINK_RUNS = (
+    NetworkRun("none"),
+    NetworkRun("none", untied=True),
+    NetworkRun("none", tied_compressor="quant(8)"),
+    NetworkRun("clapping_fc", "quant(4)", "quant(8)"),
+    NetworkRun("clapping_fc", "quant(4)", "quant(8)", untied=True),
+    NetworkRun("clapping_fc", "quant(4)", "quant(8)", tied_compressor="quant(8)"),
+)
 COMPRESSORS = ("fp16", "bf16", "topk(0.01)", "topk(0.1)", "randk(0.1)", "quant(2)", "quant(4)", "quant(8)")
 MESSAGE_SHAPES = ((4, 128, 128), (4, 512, 512), (4, 1024, 768))
 
 
 @dataclass(frozen=True)
 class BenchSettings:
-    preset: Literal["full", "quick", "gpu", "versus_torch"]  # the name written into bench.json
+    preset: Literal["full", "quick", "gpu", "versus_torch", "links"]  # the name written into bench.json
     n_layer: int = 12  # GPT layers (divisible by every entry of stages)
     n_embd: int = 128  # hidden width
     n_head: int = 4  # attention heads
@@ -108,6 +132,10 @@ class BenchSettings:
     gpu_tokens_per_s: float = 651_000.0  # data section: tokens/s of a compiled paper_mha step, one H200
     link_rates_mbit: tuple[float, ...] = (100.0, 1000.0)  # link section: rates of the shaped links
     link_timed_steps: int = 6  # link section: timed steps per run (after pipe_warmup_steps)
+    link_stages: tuple[int, ...] = (4,)  # link section: K (one network namespace per stage)
+    link_runs: tuple[NetworkRun, ...] = LINK_RUNS  # link section: the runs; the 1st is the reference none
+    link_schedule: str = "1f1b"  # link section: the schedule of runs that name none
+    link_micro_batches: int = 16  # link section: M of runs that name none (batch_size must divide by it)
     sections: tuple[str, ...] = SECTIONS  # which sections run
     path: str = field(default="", compare=False)  # the YAML these settings came from
 
@@ -139,6 +167,7 @@ class BenchSettings:
             "data_repeats",
             "data_loader_batches",
             "link_timed_steps",
+            "link_micro_batches",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -159,7 +188,7 @@ class BenchSettings:
         for name in ("stages", "seq_lengths", "mla_rope_widths", "memory_sizes"):
             if not getattr(self, name):
                 raise ValueError(f"{where}: {name} is empty")
-        for k in (*self.stages, self.seq_stages, self.network_stages):
+        for k in (*self.stages, self.seq_stages, self.network_stages, *self.link_stages):
             if k < 2 or self.n_layer % k:
                 raise ValueError(f"{where}: stages {k}: need 2 <= K and K dividing n_layer={self.n_layer}")
         for w in self.mla_rope_widths:
@@ -177,11 +206,25 @@ class BenchSettings:
             raise ValueError(f"{where}: bandwidth_mbps={self.bandwidth_mbps!r}: must be > 0")
         if not self.network_runs or self.network_runs[0].method != "none" or self.network_runs[0].p != 1.0:
             raise ValueError(f"{where}: network_runs must start with method 'none' (p 1), the reference")
-        for run in self.network_runs:
-            if run.method not in METHODS:
-                raise ValueError(f"{where}: network_runs method={run.method!r}; allowed {METHODS}")
-            build_compressor(run.fwd_compressor, f"{where}: network_runs fwd_compressor")
-            build_compressor(run.bwd_compressor, f"{where}: network_runs bwd_compressor")
+        if not self.link_runs or self.link_runs[0].method != "none" or self.link_runs[0].p != 1.0:
+            raise ValueError(f"{where}: link_runs must start with method 'none' (p 1), the reference")
+        for field_name in ("network_runs", "link_runs"):
+            for run in getattr(self, field_name):
+                if run.method not in METHODS:
+                    raise ValueError(f"{where}: {field_name} method={run.method!r}; allowed {METHODS}")
+                for part in ("fwd", "bwd", "tied"):
+                    build_compressor(
+                        getattr(run, f"{part}_compressor"), f"{where}: {field_name} {part}_compressor"
+                    )
+                if run.schedule not in (None, *SCHEDULES):
+                    raise ValueError(f"{where}: {field_name} schedule={run.schedule!r}; allowed {SCHEDULES}")
+                m = run.micro_batches or self.link_micro_batches
+                if self.batch_size % m:
+                    raise ValueError(
+                        f"{where}: {field_name}: batch_size={self.batch_size} does not split into M={m}"
+                    )
+        if self.link_schedule not in SCHEDULES:
+            raise ValueError(f"{where}: link_schedule={self.link_schedule!r}; allowed {SCHEDULES}")
         for spec in self.compressors:
             build_compressor(spec, f"{where}: compressors")
         bad = [s for s in self.sections if s not in SECTIONS]
