@@ -93,7 +93,7 @@ def test_gguf_bad_input_is_one_line(tmp_path, capsys, monkeypatch, tiny):
     junk = tmp_path / "model.gguf"
     junk.write_bytes(b"PK\x03\x04 not a gguf file")
     assert "not a GGUF file" in error(str(junk), "--out", str(tmp_path / "o"))
-    assert "no such file, folder or installed package" in error(
+    assert "no such file, folder or installed package holding a .gguf" in error(
         "no-such-package", "--out", str(tmp_path / "o")
     )
     with pytest.raises(HFModelError, match="not a GGUF file"):

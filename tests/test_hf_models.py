@@ -188,7 +188,7 @@ def test_repro_profile_phase_off_of_a_pretrained_model_per_layer_and_per_head(
         "model": {"pretrained": str(models["llama"]), "optim": {"lr": 0.01, "warmup_steps": 1}},
         "data": {
             "corpus": "text_files", "text_files": [str(corpus / "*.txt")], "block_size": 16, "batch_size": 4,
-            "max_val_blocks": 4, "val_fraction": 0.2, "cache_dir": str(tmp_path / "cache"),
+            "max_val_blocks": 12, "val_fraction": 0.2, "cache_dir": str(tmp_path / "cache"),
         },
         "trainer": {"accelerator": "cpu", "max_steps": 3, "default_root_dir": str(tmp_path / "runs"),
                     "logger": False, "enable_progress_bar": False},
@@ -211,6 +211,30 @@ def test_repro_profile_phase_off_of_a_pretrained_model_per_layer_and_per_head(
         v != 0.0 for v in heads
     )  # the hooks changed the loss
     assert profile.meta["weights"] == str(models["llama"]) and profile.meta["checkpoint"] is None
+    assert profile.meta["chunks"] > 1 and all(low <= high for low, high in profile.meta["ci95"])
+
+    # what the profile predicts, zero-shot: its least dependent layer without rotation, against the rest
+    repro("profile", "nope", "--config", str(tmp_path / "hf.yaml"), "--profile", str(out), "--layers", "1", "3",
+          "--draws", "2", "--out", str(tmp_path / "nope.json"))  # fmt: skip
+    nope = json.loads((tmp_path / "nope.json").read_text())
+    rows = {(r["budget"], r["method"]): r for r in nope["rows"]}
+    assert len(rows) == 2 * 8 and nope["split"] == "test"  # text the profile was not measured on
+    least, most = (
+        sorted(range(4), key=lambda i: profile.values[i])[0],
+        max(range(4), key=profile.values.__getitem__),
+    )
+    assert rows[1, "profile"]["nope_layers"] == [least] and rows[1, "inverse"]["nope_layers"] == [most]
+    assert rows[3, "last-k"]["nope_layers"] == [1, 2, 3] and rows[3, "uniform"]["nope_layers"] == []
+    assert all(
+        r["increase_over_full_rope"] == pytest.approx(r["loss"] - nope["loss_full_rope"])
+        for r in rows.values()
+    )
+    assert (
+        rows[1, "inverse"]["ci95"][0]
+        <= rows[1, "inverse"]["delta_vs_profile"]
+        <= rows[1, "inverse"]["ci95"][1]
+    )
+    assert (tmp_path / "nope.md").read_text().count("\n| 3 |") == 8
 
     repro("fit", "--config", str(tmp_path / "hf.yaml"))
     ckpt = next((tmp_path / "runs").rglob("final.ckpt"))

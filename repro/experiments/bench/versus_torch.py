@@ -32,7 +32,15 @@ from repro.pipeline.stage_parts import MaterializesStages, StageSplit, layers_pe
 from repro.runs.build import make_trainer
 
 from .measure import pairwise, row
-from .pipelines import BenchModel, _block_size, _RankReport, _read_ranks, bench_module, run_strategy
+from .pipelines import (
+    BenchModel,
+    _block_size,
+    _RankReport,
+    _read_ranks,
+    bench_module,
+    run_strategy,
+    tied_bytes,
+)
 from .settings import BenchSettings, NetworkRun
 from .workload import OPTIM, loader, peak_rss_bytes
 
@@ -192,6 +200,7 @@ def paired_runs(model: BenchModel, s: BenchSettings, k: int, seed: int = 0) -> t
         "step_s": mean(ours_steps),
         "step_times": ours_steps,
         "bytes_per_step": m["pipe/bytes_total"] / steps,
+        "tied_bytes_per_step": tied_bytes(m) / steps,
         "compression_ratio": m["pipe/compression_ratio"],
         "net_time_per_step_s": m.get("pipe/net_time_s", 0.0) / steps,
         "peak_rss": [r["peak_rss"] for r in ours_reports],

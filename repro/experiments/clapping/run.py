@@ -60,6 +60,9 @@ def run_record(row: ClappingRow, result: RunResult, runs_dir: Path) -> dict[str,
         "val_bytes": list(result.val_bytes or []),
         "bytes_total": summary.get("bytes_total", 0.0),
         "raw_bytes_total": summary.get("raw_bytes_total", 0.0),
+        "tied_bytes_total": list(
+            summary.get("tied_bytes_total", (0.0, 0.0))
+        ),  # sent, exact; within the totals
         "bytes_sent_per_rank": summary.get("bytes_sent_per_rank", []),
         "buffer_bytes_per_rank": summary.get("buffer_bytes_per_rank", []),
         "fresh_batches": summary.get("fresh_batches"),

@@ -99,6 +99,24 @@ def build_parser() -> argparse.ArgumentParser:
     _levels_args(po)
     _runs_args(po)
 
+    nope = psub.add_parser(
+        "nope",
+        help="a pretrained model: test what its phase-off profile predicts, zero-shot",
+        description="At each budget of k layers without rotation (NoPE), the layers the profile marks least "
+        "dependent against inverse, first-k, last-k, spaced-k, random-k and uniform partial coverage, by the "
+        "loss on the test split (paired over its chunks, 95%% CIs).",
+    )
+    nope.add_argument("--config", required=True, type=Path, help="the repro fit YAML naming model.pretrained")
+    nope.add_argument(
+        "--profile", required=True, type=Path, help="its phase-off profile JSON (repro profile phase-off)"
+    )
+    nope.add_argument(
+        "--layers", required=True, type=int, nargs="+", help="NoPE budgets k (layers' worth of pairs)"
+    )
+    nope.add_argument("--draws", type=int, default=3, help="random-k: seeded draws (default 3)")
+    nope.add_argument("--seed", type=int, default=0, help="random-k: seed of the first draw")
+    nope.add_argument("--out", required=True, type=Path, help="output JSON (and a .md table beside it)")
+
     cov = psub.add_parser(
         "coverage",
         help="coverage-benefit profile: base run (all low) and one upgrade run per layer",

@@ -23,10 +23,11 @@ from repro.alloc.coverage_profile import (
 )
 from repro.alloc.fidelity import coverage_fidelity, format_fidelity, phase_off_fidelity
 from repro.alloc.phase_off_profile import measure_phase_off_profile, reference_spec, train_reference
+from repro.alloc.pretrained_nope import nope_markdown, zero_shot_nope
 from repro.alloc.pretrained_profile import measure_pretrained_profile, pretrained_config
 from repro.alloc.profile import LayerProfile
 from repro.experiments.kit.compute_plan import planned_runs, print_plan
-from repro.files import write_json_atomic
+from repro.files import write_json_atomic, write_text_atomic
 from repro.runs.model_config import load_model_config
 from repro.runs.pool import count_progress
 from repro.runs.shards import Shard
@@ -41,6 +42,9 @@ def runs_dir_of(args) -> Path:
 
 
 def profile_command(args) -> None:
+    if args.profile_kind == "nope":
+        _zero_shot_nope(args)
+        return
     if args.profile_kind == "phase-off" and pretrained_config(args.config) is not None:
         if args.ref_steps is not None:
             raise ValueError(
@@ -199,4 +203,29 @@ def print_profile(profile) -> None:
     print(f"{profile.kind} profile ({profile.n_layer} layers)")
     for layer, value in enumerate(profile.values):
         spread = f" +- {profile.std[layer]:.4f}" if profile.std else ""
+        if profile.meta.get("ci95") and profile.meta.get("chunks", 0) > 1:
+            low, high = profile.meta["ci95"][layer]
+            spread += f"  (95% CI over {profile.meta['chunks']} chunks {low:+.5f} .. {high:+.5f})"
         print(f"  layer {layer:3d}: {value:+.5f}{spread}")
+
+
+def _zero_shot_nope(args) -> None:
+    if pretrained_config(args.config) is None:
+        raise ValueError(f"repro profile nope: --config {str(args.config)!r} names no model.pretrained")
+    profile = LayerProfile.load(args.profile)
+    if profile.kind != "phase_off":
+        raise ValueError(
+            f"--profile {str(args.profile)!r}: a {profile.kind} profile; give a phase-off profile"
+        )
+    result = zero_shot_nope(
+        args.config,
+        profile,
+        args.layers,
+        args.draws,
+        args.seed,
+        progress=count_progress("nope", "evaluations of the test batches"),
+    )
+    write_json_atomic(args.out, result)
+    table = nope_markdown(result)
+    write_text_atomic(args.out.with_suffix(".md"), table)
+    print(table)

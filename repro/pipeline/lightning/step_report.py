@@ -201,6 +201,11 @@ class RunTotals:
     def total_raw_bytes(self) -> float:
         return sum(self.raw_bytes.values())
 
+    def tied_bytes(self) -> tuple[float, float]:
+        """The tied-gradient sums' bytes so far: as sent, and their exact size."""
+        tags = [t for t in self.bytes if t.startswith("tied")]
+        return sum(self.bytes[t] for t in tags), sum(self.raw_bytes.get(t, 0.0) for t in tags)
+
     def sent_per_rank(self, num_stages: int) -> list[float]:
         """Bytes each rank sent: its forward activations, its backward gradients, its tied sums."""
         return [

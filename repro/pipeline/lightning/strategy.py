@@ -337,6 +337,7 @@ class ClappingStrategy(PipelineEvaluation, StageProcesses):
             "stages": self.num_stages,
             "bytes_total": self.totals.total_bytes,
             "raw_bytes_total": self.totals.total_raw_bytes,
+            "tied_bytes_total": self.totals.tied_bytes(),  # (sent, exact) of the tied sums, within the totals
             "bytes_sent_per_rank": self.totals.sent_per_rank(self.num_stages),
             "buffer_bytes_per_rank": list(report.buffer_bytes) if report else [0.0] * self.num_stages,
             "fresh_batches": self.sampler.fresh_before(self.steps_done) if self.sampler else self.steps_done,

@@ -1,0 +1,139 @@
+"""What a pretrained model's phase-off profile predicts, tested zero-shot: with a budget of ``k``
+layers left without rotation (NoPE), the layers the profile marks least dependent against the other
+ways of spending the same budget, by the loss on text the profile was not measured on (the test
+split; the validation split when the config has none, said so in the result).
+
+Allocations of the budget (each removes the rotary phase of ``k`` layers' worth of rotary pairs):
+  - ``profile``: the k layers with the smallest phase-off increase lose their rotation;
+  - ``inverse``: the k with the largest (the profile's worst choice);
+  - ``first-k``, ``last-k``, ``spaced-k``: by depth alone;
+  - ``random-k``: ``draws`` seeded draws;
+  - ``uniform``: every layer keeps the highest ``1 - k/L`` of its rotary pairs (the same number of
+    pairs without phase, spread over all layers; rounded to whole pairs per layer).
+Each row's loss is compared with ``profile``'s on the same chunks (paired): the mean difference and
+its 95% CI over the chunks. Nothing here trains (the fine-tuned variant of this test is not built:
+the pretrained module has no per-layer rotary option yet).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from repro.stats import mean_interval
+
+from .allocation import bottom_k_layers, random_layers, spaced_layers, top_k_layers
+from .pretrained_profile import _chunk_losses, _mean, pretrained_model_and_data
+from .profile import LayerProfile
+
+METHODS = ("profile", "inverse", "first-k", "last-k", "spaced-k", "random-k", "uniform")
+
+
+def nope_allocations(
+    profile: LayerProfile, k: int, draws: int = 3, seed: int = 0
+) -> dict[str, dict[int, float]]:
+    """Each method's per-layer rotary fraction (layers not named keep all their pairs)."""
+    n = profile.n_layer
+    if not 0 < k < n:
+        raise ValueError(
+            f"--layers={k}: the NoPE budget must be between 1 and {n - 1} (the model's layers - 1)"
+        )
+    off = lambda layers: dict.fromkeys(layers, 0.0)
+    out = {
+        "profile": off(bottom_k_layers(profile.values, k)),
+        "inverse": off(top_k_layers(profile.values, k)),
+        "first-k": off(range(k)),
+        "last-k": off(range(n - k, n)),
+        "spaced-k": off(spaced_layers(n, k)),
+    }
+    for r in range(draws):
+        out[f"random-k #{r + 1}"] = off(random_layers(n, k, seed + r))
+    out["uniform"] = dict.fromkeys(range(n), 1.0 - k / n)
+    return out
+
+
+def zero_shot_nope(
+    config_path: str | os.PathLike,
+    profile: LayerProfile,
+    budgets: list[int],
+    draws: int = 3,
+    seed: int = 0,
+    cache_dir: str | None = None,
+    progress=None,
+) -> dict[str, Any]:
+    """Every allocation's loss at each budget, paired against ``profile``'s over the chunks."""
+    model, datamodule = pretrained_model_and_data(config_path, cache_dir)
+    profile.check_matches(model.n_layer, f"model.pretrained of {config_path}")
+    split = "test" if datamodule.test_set is not datamodule.val_set else "validation (no test split)"
+    batches = list(datamodule.test_dataloader())
+    plans = {k: nope_allocations(profile, k, draws, seed) for k in budgets}
+    total, done = 1 + sum(len(p) for p in plans.values()), 0
+
+    def evaluate(fractions):
+        nonlocal done
+        model.set_rotary(fractions)
+        chunks = _chunk_losses(model, batches)
+        model.set_rotary(None)
+        done += 1
+        if progress is not None:
+            progress(done, total)
+        return chunks
+
+    model.eval()
+    reference = evaluate(None)
+    rows = []
+    for k, plan in plans.items():
+        measured = {name: evaluate(fractions) for name, fractions in plan.items()}
+        base = measured["profile"]
+        for name, chunks in measured.items():
+            diffs = [a - b for (a, _), (b, _) in zip(chunks, base)]
+            mean, low, high = mean_interval(diffs)
+            rows.append(
+                {
+                    "budget": k,
+                    "method": name,
+                    "nope_layers": sorted(layer for layer, f in plan[name].items() if f == 0.0),
+                    "loss": _mean(chunks),
+                    "increase_over_full_rope": _mean(chunks) - _mean(reference),
+                    "delta_vs_profile": None if name == "profile" else mean,
+                    "ci95": None if name == "profile" else [low, high],
+                    "verdict": None if name == "profile" else _verdict(low, high),
+                }
+            )
+    return {
+        "split": split,
+        "chunks": len(batches),
+        "eval_tokens": sum(n for _, n in reference),
+        "loss_full_rope": _mean(reference),
+        "profile_meta": {
+            key: profile.meta.get(key) for key in ("source", "weights", "chunks", "weights_note")
+        },
+        "rows": rows,
+    }
+
+
+def _verdict(low: float, high: float) -> str:
+    """Read against the profile's choice: a positive difference is a worse (higher) loss."""
+    if low > 0:
+        return "profile better"
+    if high < 0:
+        return "profile worse"
+    return "unresolved"
+
+
+def nope_markdown(result: dict[str, Any]) -> str:
+    lines = [
+        f"Zero-shot NoPE budgets on {result['chunks']} {result['split']} chunks ({result['eval_tokens']} tokens); "
+        f"full-RoPE loss {result['loss_full_rope']:.4f}. Δ = loss − the profile's choice's, 95% CI over the chunks.",
+        "",
+        "| NoPE layers k | allocation | layers without rotation | loss | Δ vs profile | 95% CI | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        layers = "all (partial)" if r["method"] == "uniform" else ", ".join(map(str, r["nope_layers"]))
+        delta = "" if r["delta_vs_profile"] is None else f"{r['delta_vs_profile']:+.4f}"
+        ci = "" if r["ci95"] is None else f"{r['ci95'][0]:+.4f} .. {r['ci95'][1]:+.4f}"
+        lines.append(
+            f"| {r['budget']} | {r['method']} | {layers} | {r['loss']:.4f} | {delta} | {ci} | {r['verdict'] or ''} |"
+        )
+    return "\n".join(lines) + "\n"
