@@ -17,6 +17,7 @@ FIGURES = (
     "rope_profiles",
     "quality_storage_compute",
     "calibration",
+    "real_profile",
     "clapping_curves",
     "clapping_memory",
     "clapping_p",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from transformers import (
 
 from repro.data.tokenizer import FileTokenizer
 from repro.models.hf_causal_lm import HFCausalLM, HFModelError
+from repro.paths import REPO_ROOT
 
 VOCAB = 320
 CONFIGS = {
@@ -235,6 +237,17 @@ def test_repro_profile_phase_off_of_a_pretrained_model_per_layer_and_per_head(
         <= rows[1, "inverse"]["ci95"][1]
     )
     assert (tmp_path / "nope.md").read_text().count("\n| 3 |") == 8
+    # the figure of both (README: A real model) draws from these files
+    (tmp_path / "results" / "real").mkdir(parents=True)
+    shutil.copy(out, tmp_path / "results" / "real" / "phase_off.json")
+    shutil.copy(tmp_path / "nope.json", tmp_path / "results" / "real" / "nope.json")
+    sys.path.insert(0, str(REPO_ROOT / "figures"))
+    try:
+        import real_profile
+    finally:
+        sys.path.remove(str(REPO_ROOT / "figures"))
+    drawn = real_profile.main(tmp_path / "results", tmp_path / "figures")
+    assert [p.name for p in drawn] == ["real_profile.png", "real_profile.pdf"]
 
     repro("fit", "--config", str(tmp_path / "hf.yaml"))
     ckpt = next((tmp_path / "runs").rglob("final.ckpt"))

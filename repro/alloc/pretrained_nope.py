@@ -23,7 +23,7 @@ from typing import Any
 from repro.stats import mean_interval
 
 from .allocation import bottom_k_layers, random_layers, spaced_layers, top_k_layers
-from .pretrained_profile import _chunk_losses, _mean, pretrained_model_and_data
+from .pretrained_profile import chunk_losses, pretrained_model_and_data, token_mean
 from .profile import LayerProfile
 
 METHODS = ("profile", "inverse", "first-k", "last-k", "spaced-k", "random-k", "uniform")
@@ -72,7 +72,7 @@ def zero_shot_nope(
     def evaluate(fractions):
         nonlocal done
         model.set_rotary(fractions)
-        chunks = _chunk_losses(model, batches)
+        chunks = chunk_losses(model, batches)
         model.set_rotary(None)
         done += 1
         if progress is not None:
@@ -93,8 +93,8 @@ def zero_shot_nope(
                     "budget": k,
                     "method": name,
                     "nope_layers": sorted(layer for layer, f in plan[name].items() if f == 0.0),
-                    "loss": _mean(chunks),
-                    "increase_over_full_rope": _mean(chunks) - _mean(reference),
+                    "loss": token_mean(chunks),
+                    "increase_over_full_rope": token_mean(chunks) - token_mean(reference),
                     "delta_vs_profile": None if name == "profile" else mean,
                     "ci95": None if name == "profile" else [low, high],
                     "verdict": None if name == "profile" else _verdict(low, high),
@@ -104,7 +104,7 @@ def zero_shot_nope(
         "split": split,
         "chunks": len(batches),
         "eval_tokens": sum(n for _, n in reference),
-        "loss_full_rope": _mean(reference),
+        "loss_full_rope": token_mean(reference),
         "profile_meta": {
             key: profile.meta.get(key) for key in ("source", "weights", "chunks", "weights_note")
         },

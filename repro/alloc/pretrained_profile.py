@@ -43,7 +43,7 @@ def _resolve(value: str, base: Path) -> str:
 
 
 @torch.no_grad()
-def _chunk_losses(model: HFCausalLM, batches: list[dict[str, torch.Tensor]]) -> list[tuple[float, int]]:
+def chunk_losses(model: HFCausalLM, batches: list[dict[str, torch.Tensor]]) -> list[tuple[float, int]]:
     """Each validation batch's (mean loss, tokens): a batch is a chunk of text, the unit of the CIs."""
     out = []
     for batch in batches:
@@ -54,7 +54,7 @@ def _chunk_losses(model: HFCausalLM, batches: list[dict[str, torch.Tensor]]) -> 
     return out
 
 
-def _mean(chunks: list[tuple[float, int]]) -> float:
+def token_mean(chunks: list[tuple[float, int]]) -> float:
     return sum(loss * n for loss, n in chunks) / sum(n for _, n in chunks)
 
 
@@ -62,7 +62,7 @@ def _increase(chunks: list[tuple[float, int]], ref: list[tuple[float, int]]) -> 
     """The token-weighted loss increase over the reference, and its 95% CI over the chunks (paired:
     the same chunks with and without the intervention; [mean, mean] for one chunk)."""
     _, low, high = mean_interval([a - b for (a, _), (b, _) in zip(chunks, ref)])
-    return _mean(chunks) - _mean(ref), [low, high]
+    return token_mean(chunks) - token_mean(ref), [low, high]
 
 
 def rotary_values(
@@ -80,7 +80,7 @@ def rotary_values(
 
     def measure() -> list[tuple[float, int]]:
         nonlocal done
-        chunks = _chunk_losses(model, batches)
+        chunks = chunk_losses(model, batches)
         done += 1
         if progress is not None:
             progress(done, total)
@@ -111,7 +111,7 @@ def rotary_values(
         "ci95": intervals,
         "per_head": heads if per_head else None,
         "per_head_ci95": head_intervals if per_head else None,
-        "loss_ref": _mean(ref),
+        "loss_ref": token_mean(ref),
         "chunks": len(ref),
     }
 
