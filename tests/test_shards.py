@@ -53,3 +53,20 @@ def test_wall_time_packs_each_stage_longest_first_and_pipelines_hold_k_gpus():
     pipes = [PlannedRun(f"p{i}", 1, 1, 1, 1.0, gpus=4) for i in range(4)]
     assert wall_seconds(pipes, 1.0, 8) == 2.0  # two 4-GPU runs at a time
     assert wall_seconds(pipes, 1.0, 2) == 8.0  # one at a time, its 4 stages sharing 2 GPUs
+
+
+def test_a_waiting_shard_looks_after_1_s_then_backs_off_to_its_poll_interval(monkeypatch):
+    """Another shard's results are looked for after 1, 2, 4, ... s, at most poll_s apart."""
+    from repro.runs import shards
+
+    sleeps, calls = [], []
+
+    def finished(specs):
+        calls.append(1)
+        return ({}, list(specs)) if len(calls) < 8 else ({"a": "done"}, [])
+
+    monkeypatch.setattr(shards, "finished_results", finished)
+    monkeypatch.setattr(shards.time, "sleep", sleeps.append)
+    spec = type("Spec", (), {"display": "run a"})()
+    assert shards.wait_for([spec], note=lambda line: None, poll_s=30.0) == {"a": "done"}
+    assert sleeps == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]

@@ -88,9 +88,12 @@ def wait_for(
     timeout_s: float | None = None,
 ) -> dict[str, RunResult]:
     """Wait until every run of ``specs`` has its result (written by other shards); a line names the
-    missing runs when waiting starts and every 10 minutes."""
+    missing runs when waiting starts and every 10 minutes. The results are looked for after 1 s,
+    then at twice the last interval, up to ``poll_s`` (a short wait ends soon, a long one reads the
+    shared filesystem rarely)."""
     start = time.monotonic()
     last = None
+    interval = min(1.0, poll_s)
     while True:
         found, missing = finished_results(specs)
         if not missing:
@@ -105,7 +108,8 @@ def wait_for(
                 f"{len(missing)} run(s) did not finish within {timeout_s:.0f} s (their shards failed or "
                 f"were not started): {', '.join(s.display for s in missing[:5])}"
             )
-        time.sleep(poll_s)
+        time.sleep(interval)
+        interval = min(2 * interval, poll_s)
 
 
 def gather(
