@@ -243,3 +243,14 @@ def test_a_pipeline_that_fails_while_the_other_waits_for_its_turn_ends_both(monk
     with pytest.raises(Exception, match="no stage"):  # torch's failure, not ours' broken barrier
         versus_torch.paired_runs(gpt_config(s), s, 2)
     assert time.perf_counter() - start < versus_torch.TURN_TIMEOUT_S / 5
+
+
+def test_a_link_rows_compute_is_none_with_its_schedule_and_its_head():
+    """The compute a link row is held against: none on unshaped links with the row's schedule, M and
+    head (an untied row against the untied none, whose step has no tied-gradient sum)."""
+    from repro.experiments.bench.link_section import _reference
+    from repro.experiments.bench.settings import NetworkRun
+
+    run = NetworkRun("clapping_fc", "quant(4)", "quant(8)", untied=True, schedule="gpipe", micro_batches=4)
+    assert _reference(None, run) == NetworkRun("none", untied=True, schedule="gpipe", micro_batches=4)
+    assert _reference(None, NetworkRun("none", tied_compressor="quant(8)")) == NetworkRun("none")

@@ -103,8 +103,9 @@ def linked_run(s: BenchSettings, run: NetworkRun, links: Links, port: int) -> di
 
 
 def _reference(s: BenchSettings, run: NetworkRun) -> NetworkRun:
-    """``none`` with the run's schedule and micro-batches: its compute on unshaped links is the run's."""
-    return NetworkRun("none", schedule=run.schedule, micro_batches=run.micro_batches)
+    """``none`` with the run's schedule, micro-batches and head (tied or its own): its compute on
+    unshaped links is the run's."""
+    return NetworkRun("none", untied=run.untied, schedule=run.schedule, micro_batches=run.micro_batches)
 
 
 def bench_link(s: BenchSettings, progress: Callable[[str], None]) -> list[dict[str, Any]]:
