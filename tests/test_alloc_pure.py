@@ -288,3 +288,20 @@ def test_levels_for_overrides():
     levels = levels_for(MLA12, budget=20.0)
     assert (levels.high, levels.low, levels.budget) == (32.0, 8.0, 20.0)
     assert num_high_layers(12, levels) == 6  # 12 * (20 - 8) / (32 - 8)
+
+
+def test_nope_budgets_remove_the_same_number_of_layers_worth_of_pairs_and_refuse_an_empty_or_full_one():
+    """Every zero-shot NoPE allocation takes k layers' phase (uniform: 1 - k/L of each layer's pairs
+    kept); the profile's takes the k least dependent layers, the inverse the k most."""
+    from repro.alloc.pretrained_nope import nope_allocations
+
+    profile = LayerProfile(kind="phase_off", values=[0.5, 0.01, 0.3, 0.02, 0.2])
+    plans = nope_allocations(profile, 2, draws=2, seed=0)
+    assert plans["profile"] == {1: 0.0, 3: 0.0} and plans["inverse"] == {0: 0.0, 2: 0.0}
+    assert plans["first-k"] == {0: 0.0, 1: 0.0} and plans["last-k"] == {3: 0.0, 4: 0.0}
+    assert plans["uniform"] == dict.fromkeys(range(5), 0.6)
+    for fractions in plans.values():  # each removes two layers' worth of rotary pairs
+        assert sum(1.0 - f for f in fractions.values()) == pytest.approx(2.0)
+    for k in (0, 5):
+        with pytest.raises(ValueError, match=r"--layers=.*between 1 and 4"):
+            nope_allocations(profile, k)

@@ -62,11 +62,11 @@ def zero_shot_nope(
     progress=None,
 ) -> dict[str, Any]:
     """Every allocation's loss at each budget, paired against ``profile``'s over the chunks."""
+    plans = {k: nope_allocations(profile, k, draws, seed) for k in budgets}  # bad budgets before any loading
     model, datamodule = pretrained_model_and_data(config_path, cache_dir)
     profile.check_matches(model.n_layer, f"model.pretrained of {config_path}")
     split = "test" if datamodule.test_set is not datamodule.val_set else "validation (no test split)"
     batches = list(datamodule.test_dataloader())
-    plans = {k: nope_allocations(profile, k, draws, seed) for k in budgets}
     total, done = 1 + sum(len(p) for p in plans.values()), 0
 
     def evaluate(fractions):
