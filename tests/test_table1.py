@@ -117,18 +117,22 @@ def test_a_reproduction_killed_midway_is_finished_by_two_shards_with_the_same_ta
     """SIGKILL to the whole process group (workers included) once a few runs are done, then
     `repro table1 --shard 0/2` and `--shard 1/2` at once in the same results folder (a preempted job
     rerun as an array job): they reuse the finished runs, each trains its half of the rest of stage
-    1, waits for the other's, trains its half of stage 2, and the last to finish writes the table of
-    the uninterrupted one-process run (each shard with 2 single-thread workers, as that run)."""
+    1, waits for the other's, trains its half of stage 2, and the last to finish writes a table whose
+    runs are those of the uninterrupted one-process run (each shard with 2 single-thread workers, as
+    that run). The MHA half alone (architectures: [mha]), so that the test trains half the runs."""
     import subprocess
 
     from test_interrupted_orchestrators import _cli, interrupt
 
     work = smoke_table["work"]
     out = work / "results" / "killed"
-    args = ["table1", "--settings", str(SMOKE), "--out", str(out)]
+    settings = work / "smoke_mha.yaml"
+    text = SMOKE.read_text().replace("../../models/", f"{SMOKE.parent.parent.parent / 'models'}/")
+    settings.write_text(text + "architectures: [mha]\n")
+    args = ["table1", "--settings", str(settings), "--out", str(out)]
     code = interrupt(
-        args, work, lambda: len(list(out.rglob("runs/*.json"))) >= 20, signal.SIGKILL
-    )  # of 24 in stage 1
+        args, work, lambda: len(list(out.rglob("runs/*.json"))) >= 8, signal.SIGKILL
+    )  # of 12 in stage 1
     assert code != 0
     assert not (out / "table1.json").exists()
     kept = len(list(out.rglob("runs/*.json")))
@@ -148,8 +152,19 @@ def test_a_reproduction_killed_midway_is_finished_by_two_shards_with_the_same_ta
     trained = [int(log.split("stage 2 of 2: ")[1].split(" runs")[0]) for log in logs]
     assert min(trained) > 0  # both shards trained rows
     doc = json.loads((out / "table1.json").read_text())
-    assert doc["runs_reused"] >= kept >= 20
-    assert doc["rows"] == smoke_table["doc"]["rows"]
+    assert doc["runs_reused"] >= kept >= 8
+    assert set(doc["architectures"]) == {"mha"}
+
+    def losses(d):
+        return {
+            name: (r["widths"], r["seed"], r["final_loss"])
+            for name, r in d["architectures"]["mha"]["runs"].items()
+        }
+
+    assert losses(doc) == losses(smoke_table["doc"])
+    assert [r["mha_loss_mean"] for r in doc["rows"]] == [
+        r["mha_loss_mean"] for r in smoke_table["doc"]["rows"]
+    ]
 
 
 @pytest.mark.slow
