@@ -175,8 +175,7 @@ def cached_folder(
     location: str | os.PathLike, supported: tuple[str, ...], say: Callable[[str], None] = print
 ) -> Path:
     """The Hugging Face folder of a GGUF source, written under ``.cache/repro/gguf`` on first use
-    (keyed by the file's content)."""
-    require_extra()
+    (keyed by the file's content; reading a folder written before needs no extra)."""
     gguf = find_gguf(location)
     folder = CACHE / f"{gguf.stem}-{sha256(gguf)[:16]}"
     if (folder / SOURCE_FILE).is_file():
