@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -106,6 +107,16 @@ def test_quick_bench_measures_what_it_claims(quick_report):
     )
     (t0, b0, tied0), (t1, b1, tied1) = curve[0], curve[-1]
     assert tied0 == tied1 > 0 and (b1 - tied1) / (b0 - tied0) == pytest.approx(t1 / t0, rel=0.02)
+    # on the shaped links every byte the strategy counts crossed the wire, and little else did (TCP/IP
+    # headers, acknowledgements, the step's small collectives); torch's pipeline sends the same tensors
+    link = {r["name"].split(" @ ")[0]: r for r in report["rows"] if r["section"] == "link"}
+    theirs = link.pop("torch.distributed.pipelining")
+    for r in link.values():
+        for wire, counted in zip(r["wire_bytes_per_step"], r["uplink_bytes_per_step"]):
+            assert counted <= wire <= 1.1 * counted + 8192, r["name"]
+        assert min(r["cpu_s_per_step"]) > 0
+    assert theirs["engine"] == "torch" and theirs["uplink_bytes_per_step"] is None
+    assert theirs["wire_bytes_per_step"] == pytest.approx(link["none"]["wire_bytes_per_step"], rel=0.1)
 
 
 @pytest.mark.parametrize(
@@ -171,6 +182,11 @@ def test_summary_and_ratios():
             "preset: full\nnetwork_runs: [{method: ef21, fwd_compressor: quant(4), bwd_compressor: quant(4)}]\n",
             r"must start with method 'none'",
         ),
+        (
+            "preset: full\nlink_runs: [{method: none}, {method: ef21, engine: torch}]\n",
+            r"engine='torch' \(torch.distributed.pipelining\) runs in link_runs only, with method none",
+        ),
+        ("preset: full\nlink_runs: [{method: none}, {method: none, engine: jax}]\n", r"engine='jax'; allowed"),
         ("preset: full\ncompressors: [quant(9)]\n", r"quant bits=9"),
         ("preset: full\nsections: [speed]\n", r"sections=\['speed'\]"),
         ("preset: fast\n", r"preset='fast'"),
@@ -245,12 +261,30 @@ def test_a_pipeline_that_fails_while_the_other_waits_for_its_turn_ends_both(monk
     assert time.perf_counter() - start < versus_torch.TURN_TIMEOUT_S / 5
 
 
-def test_a_link_rows_compute_is_none_with_its_schedule_and_its_head():
-    """The compute a link row is held against: none on unshaped links with the row's schedule, M and
-    head (an untied row against the untied none, whose step has no tied-gradient sum)."""
-    from repro.experiments.bench.link_section import _reference
+def test_a_link_rows_limit_is_its_busiest_uplink_on_the_wire_or_its_compute():
+    """Each link row's limit from what the run measured on every rank: the busiest uplink's wire bytes
+    over the rate, or the compute (the busiest rank's CPU time, or the ranks' total over the cores
+    when there are more ranks than cores), whichever is larger."""
+    from repro.experiments.bench.link_section import _rows, compute_s
     from repro.experiments.bench.settings import NetworkRun
 
-    run = NetworkRun("clapping_fc", "quant(4)", "quant(8)", untied=True, schedule="gpipe", micro_batches=4)
-    assert _reference(None, run) == NetworkRun("none", untied=True, schedule="gpipe", micro_batches=4)
-    assert _reference(None, NetworkRun("none", tied_compressor="quant(8)")) == NetworkRun("none")
+    assert compute_s([0.3, 0.5], cores=2) == 0.5
+    assert compute_s([0.3, 0.3, 0.3, 0.3], cores=2) == 0.6
+    runs = (NetworkRun("none"), NetworkRun("none", engine="torch"))
+    s = replace(load_settings("quick"), link_runs=runs, link_micro_batches=4)
+
+    def run(step, wire, cpu, counted):
+        return {"step_s": step, "wire_bytes_per_step": wire, "cpu_s_per_step": cpu, "compression_ratio": 1.0,
+                "bytes_per_step": counted and sum(counted), "uplink_bytes_per_step": counted}  # fmt: skip
+
+    measured = {
+        (2, 10.0, "none"): [run(2.0, [1.25e6, 1.0e6], [0.5, 0.4], [1.2e6, 1.0e6])] * 2,
+        (2, 10.0, "torch.distributed.pipelining"): [run(4.0, [1.25e6, 1.3e6], [0.5, 0.6], None)] * 2,
+    }
+    ours, theirs = _rows(s, 2, 10.0, measured, cores=2)
+    assert ours["link_s_per_step"] == pytest.approx(1.0) and ours["limit_s"] == pytest.approx(1.0)
+    assert ours["fraction_of_limit"] == pytest.approx(0.5) and ours["compute_s_per_step"] == 0.5
+    assert ours["wire_over_counted"] == pytest.approx(1.25 / 1.2)
+    assert theirs["engine"] == "torch" and theirs["wire_over_counted"] is None
+    assert theirs["limit_s"] == pytest.approx(1.04) and theirs["ratio"] == pytest.approx(0.5)
+    assert ours["fill_s"] == pytest.approx(1.0 / 8 + 0.5 / 4)

@@ -1,16 +1,22 @@
 """Measured wall-clock time on real shaped links, against the physical limit. The pipeline's K
 ranks run each in a network namespace of its own (``links.py``: a node's uplink is tc-shaped, so
 every message between stages crosses a shaped link), started as srun or torchrun would start them
-(no launcher, ``--trainer.num_nodes`` = K), for each run of ``link_runs`` at each rate and K.
+(no launcher, ``--trainer.num_nodes`` = K), for each run of ``link_runs`` at each rate and K; a run
+with ``engine: torch`` is ``torch.distributed.pipelining`` (PipelineStage and its GPipe or 1F1B
+schedule, the tied weights' gradient by ``all_reduce``) on the same links, stages and batches.
 
-Per row, next to the step time:
-- the limit: the busiest resource's time per step, the larger of the busiest uplink (the bytes a
-  rank sends per step: its boundary messages and its tied-gradient sums, x 8 / rate) and the
-  compute (``none`` on unshaped links, the same K and schedule), and the fraction of it reached;
-- the limit with the schedule's fill: plus one micro-batch's message on a link and one
-  micro-batch's compute (nothing overlaps the first forward's message or the last backward's);
-- the serial (Amdahl) bound of the speed-up over ``none``: compute + link time in series, only
-  the link time shrinking by the run's compression ratio (the bound the suite reported before).
+Everything a row's limit is made of is measured in the run itself, on every rank, over the timed steps:
+- the wire: the bytes each rank's interface sent (the kernel's counter of ``eth0``: messages, tied
+  sums, collectives, TCP/IP headers and acknowledgements), over the rate, is that uplink's busy
+  time; next to it the bytes the strategy counts (``pipe/bytes_total``: messages and tied sums);
+- the compute: each rank's CPU time per step (all its threads); with more ranks than cores, the
+  cores' share (the ranks' total over the cores) when that is larger;
+- the limit is the larger of the busiest uplink and the compute, and the fraction is limit / step
+  (1 = the busiest resource never waits); "with the fill" adds one message on a link and one
+  micro-batch of compute (nothing overlaps the first forward's message or the last backward's);
+- the serial (Amdahl) bound of the speed-up over ``none``: ``none``'s compute + link time in
+  series, only the link time shrinking by the run's compression ratio (the bound the suite reported
+  before).
 
     python -m repro.experiments.bench.link_section '<json: one run>'   # what each rank runs
 """
@@ -18,6 +24,7 @@ Per row, next to the step time:
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -46,6 +53,8 @@ def rank_main(spec: dict[str, Any]) -> None:
 
     s = load_settings(spec["settings"])
     run = NetworkRun(**spec["run"])
+    if run.engine == "torch":
+        return torch_rank_main(s, run, spec)
     steps = s.pipe_warmup_steps + s.link_timed_steps
     torch.manual_seed(0)
     module = GPTLightningModule(gpt_config(s, tie_embeddings=not run.untied), OPTIM)
@@ -62,6 +71,58 @@ def rank_main(spec: dict[str, Any]) -> None:
         callbacks=[_RankReport(Path(spec["folder"]), 1)],
     )
     trainer.fit(module, train_dataloaders=loader(s, steps))
+
+
+def torch_rank_main(s: BenchSettings, run: NetworkRun, spec: dict[str, Any]) -> None:
+    """One rank of ``torch.distributed.pipelining`` on the links: the bench GPT cut by the same stage
+    adapter as ours, its schedule over M micro-batches, the tied weights' gradient summed by
+    ``all_reduce`` between the first and the last stage, AdamW; the same clock as ours."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    from repro.files import write_json_atomic
+    from repro.lit import GPTLightningModule
+    from repro.pipeline.stage_parts import stage_adapter_for
+
+    from .pipelines import StepClock
+    from .versus_torch import stage_module
+    from .workload import OPTIM, gpt_config, loader
+
+    k, rank = spec["stages"], int(os.environ["NODE_RANK"])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=k)  # env://: MASTER_ADDR, MASTER_PORT
+    try:
+        torch.manual_seed(0)
+        module = GPTLightningModule(gpt_config(s, tie_embeddings=not run.untied), OPTIM)
+        adapter = stage_adapter_for(module)
+        part, tied = stage_module(module, rank, k)
+        schedule_class = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[run.schedule or s.link_schedule]
+        schedule = schedule_class(
+            PipelineStage(part, rank, k, torch.device("cpu")),
+            run.micro_batches or s.link_micro_batches,
+            loss_fn=lambda out, y: adapter.loss(out, {"targets": y}),
+        )
+        opt = torch.optim.AdamW([p for p in part.parameters() if p.requires_grad], lr=OPTIM["lr"])
+        tied_group = dist.new_group([0, k - 1])
+        clock = StepClock()
+        for batch in loader(s, s.pipe_warmup_steps + s.link_timed_steps):
+            opt.zero_grad(set_to_none=True)
+            if rank == 0:
+                schedule.step(batch["input_ids"])
+            elif rank == k - 1:
+                schedule.step(target=batch["targets"])
+            else:
+                schedule.step()
+            for weight in tied:
+                dist.all_reduce(weight.grad, group=tied_group)
+            opt.step()
+            clock.tick()
+        write_json_atomic(Path(spec["folder"]) / f"rank{rank}.json", clock.report(metrics={}))
+    finally:
+        dist.destroy_process_group()
 
 
 def uplink_bytes(metrics: dict[str, float], k: int) -> list[float]:
@@ -94,33 +155,39 @@ def linked_run(s: BenchSettings, run: NetworkRun, links: Links, port: int) -> di
         ranks = _read_ranks(Path(tmp), k)
     metrics = ranks[0]["metrics"]
     steps = s.pipe_warmup_steps + s.link_timed_steps
+    counted = metrics.get("pipe/bytes_total")  # torch's pipeline counts nothing
     return {
         "step_s": _mean_step_s(ranks[0]["times"], s.pipe_warmup_steps),
-        "bytes_per_step": metrics["pipe/bytes_total"] / steps,
-        "uplink_bytes_per_step": [b / steps for b in uplink_bytes(metrics, k)],
-        "compression_ratio": metrics["pipe/compression_ratio"],
+        "bytes_per_step": None if counted is None else counted / steps,
+        "uplink_bytes_per_step": None if counted is None else [b / steps for b in uplink_bytes(metrics, k)],
+        "compression_ratio": metrics.get("pipe/compression_ratio", 1.0),
+        "wire_bytes_per_step": [_per_timed_step(r["tx"], s.pipe_warmup_steps) for r in ranks],
+        "cpu_s_per_step": [_per_timed_step(r["cpu"], s.pipe_warmup_steps) for r in ranks],
     }
 
 
-def _reference(s: BenchSettings, run: NetworkRun) -> NetworkRun:
-    """``none`` with the run's schedule, micro-batches and head (tied or its own): its compute on
-    unshaped links is the run's."""
-    return NetworkRun("none", untied=run.untied, schedule=run.schedule, micro_batches=run.micro_batches)
+def _per_timed_step(counter: list[float], warmup: int) -> float:
+    """A per-step counter's mean increase over the timed steps (after ``warmup`` untimed ones)."""
+    return _mean_step_s(counter, warmup)
+
+
+def compute_s(cpu_s_per_step: list[float], cores: int) -> float:
+    """The compute a step needs: the busiest rank's CPU time, or the ranks' total spread over the
+    cores when there are more ranks than cores (K = 4 on 2 cores)."""
+    return max(max(cpu_s_per_step), sum(cpu_s_per_step) / cores)
 
 
 def bench_link(s: BenchSettings, progress: Callable[[str], None]) -> list[dict[str, Any]]:
     port = 29700
-    measured: dict[tuple[int, float | None, str], list[dict[str, Any]]] = {}
-    references = list(dict.fromkeys(_reference(s, run) for run in s.link_runs))
+    measured: dict[tuple[int, float, str], list[dict[str, Any]]] = {}
     for k in s.link_stages:
-        for rate in (None, *s.link_rates_mbit):
-            runs = references if rate is None else list(s.link_runs)
+        for rate in s.link_rates_mbit:
             with Links(k, rate) as links:
                 for r in range(s.network_repeats):
-                    for run in runs:
-                        where = "unshaped links" if rate is None else f"{rate:g} Mbit/s links"
+                    for run in s.link_runs:
                         progress(
-                            f"link: {run.label} on {where}, K={k} namespaces, repeat {r + 1} of {s.network_repeats}"
+                            f"link: {run.label} on {rate:g} Mbit/s links, K={k} namespaces, "
+                            f"repeat {r + 1} of {s.network_repeats}"
                         )
                         port += 1
                         measured.setdefault((k, rate, run.label), []).append(linked_run(s, run, links, port))
@@ -131,29 +198,45 @@ def bench_link(s: BenchSettings, progress: Callable[[str], None]) -> list[dict[s
     return rows
 
 
-def _rows(s: BenchSettings, k: int, rate: float, measured: dict) -> list[dict[str, Any]]:
+def _median(res: list[dict[str, Any]], key: str) -> Any:
+    """The median over repeats of a per-run figure (of each rank's, for a list)."""
+    values = [x[key] for x in res]
+    if values[0] is None:
+        return None
+    if isinstance(values[0], list):
+        return [statistics.median(v) for v in zip(*values)]
+    return statistics.median(values)
+
+
+def _rows(
+    s: BenchSettings, k: int, rate: float, measured: dict, cores: int | None = None
+) -> list[dict[str, Any]]:
+    cores = cores or os.cpu_count() or 1
     base = s.link_runs[0]
     ref = [x["step_s"] for x in measured[(k, rate, base.label)]]
+    ref_res = measured[(k, rate, base.label)]
+    compute_none = compute_s(_median(ref_res, "cpu_s_per_step"), cores)
+    link_none = [t - compute_none for t in ref]
     out = []
     for run in s.link_runs:
         res = measured[(k, rate, run.label)]
         step = [x["step_s"] for x in res]
-        compute = statistics.median(x["step_s"] for x in measured[(k, None, _reference(s, run).label)])
-        uplink = max(res[0]["uplink_bytes_per_step"])
-        link_s = uplink * 8 / (rate * 1e6)
+        wire = _median(res, "wire_bytes_per_step")
+        cpu = _median(res, "cpu_s_per_step")
+        compute = compute_s(cpu, cores)
+        link_s = max(wire) * 8 / (rate * 1e6)
         limit = max(link_s, compute)
         m = run.micro_batches or s.link_micro_batches
-        message_s = (
-            max(res[0]["uplink_bytes_per_step"]) * 8 / (rate * 1e6) / (2 * m)
-        )  # one of a rank's messages
-        fill = message_s + compute / m
-        compute_none = statistics.median(x["step_s"] for x in measured[(k, None, _reference(s, base).label)])
-        link_none = [t - compute_none for t in ref]
+        fill = (
+            link_s / (2 * m) + max(cpu) / m
+        )  # one of the busiest rank's messages, one micro-batch of compute
         ratio = res[0]["compression_ratio"]
         bound = [t / (compute_none + ratio * max(ls, 0.0)) for t, ls in zip(ref, link_none)]
         is_ref = run == base
         name = f"{run.label} @ {rate:g} Mbit/s (shaped veth, K={k} namespaces)"
         ref_name = f"{base.label} @ {rate:g} Mbit/s (shaped veth, K={k} namespaces)"
+        counted = _median(res, "uplink_bytes_per_step")
+        median_step = statistics.median(step)
         out.append(
             row(
                 "link", name, "step time", "s/step", step,
@@ -162,20 +245,25 @@ def _rows(s: BenchSettings, k: int, rate: float, measured: dict) -> list[dict[st
                 ratio_meaning=None if is_ref else "measured speed-up over none on the same shaped links "
                 "(step time of none / this)",
                 extra={
+                    "engine": run.engine,
                     "rate_mbit": rate,
                     "stages": k,
                     "micro_batches": m,
                     "schedule": run.schedule or s.link_schedule,
                     "compression_ratio": ratio,
-                    "bytes_per_step": res[0]["bytes_per_step"],
-                    "uplink_bytes_per_step": res[0]["uplink_bytes_per_step"],
-                    "achieved_mbit": uplink * 8 / statistics.median(step) / 1e6,
+                    "bytes_per_step": _median(res, "bytes_per_step"),
+                    "uplink_bytes_per_step": counted,
+                    "wire_bytes_per_step": wire,
+                    "wire_over_counted": None if counted is None else max(wire) / max(counted),
+                    "achieved_mbit": max(wire) * 8 / median_step / 1e6,
                     "link_s_per_step": link_s,
+                    "cpu_s_per_step": cpu,
+                    "cores": cores,
                     "compute_s_per_step": compute,
                     "limit_s": limit,
-                    "fraction_of_limit": limit / statistics.median(step),
+                    "fraction_of_limit": limit / median_step,
                     "fill_s": fill,
-                    "fraction_of_limit_with_fill": (limit + fill) / statistics.median(step),
+                    "fraction_of_limit_with_fill": (limit + fill) / median_step,
                     "link_s_per_step_of_none": statistics.median(link_none),
                     "speedup_bound_amdahl": statistics.median(bound),
                 },

@@ -18,6 +18,7 @@ import lightning as L
 import torch
 
 from repro.cores import threads_per_process
+from repro.experiments.kit.links import wire_tx_bytes
 from repro.files import write_json_atomic
 from repro.lit import GPTLightningModule
 from repro.models import GPTConfig
@@ -44,25 +45,42 @@ def _mean_step_s(times: list[float], warmup: int) -> float:
     return (times[-1] - start) / steps
 
 
+class StepClock:
+    """What a rank records at the end of each step: the wall clock, its CPU time (every thread of the
+    process: compute, codecs, the transport's threads) and the bytes its network interface has sent
+    (``eth0`` of a link run's namespace, headers included; None elsewhere)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.cpu: list[float] = []
+        self.tx: list[int | None] = []
+
+    def tick(self) -> None:
+        self.times.append(time.perf_counter())
+        self.cpu.append(time.process_time())
+        self.tx.append(wire_tx_bytes())
+
+    def report(self, **extra: Any) -> dict[str, Any]:
+        return {"times": self.times, "cpu": self.cpu, "tx": self.tx, "peak_rss": peak_rss_bytes(), **extra}
+
+
 class _RankReport(L.Callback):
-    """Each rank writes its step-end times, the strategy's byte counters and its peak memory."""
+    """Each rank writes its step-end times (``StepClock``), the strategy's byte counters and its peak
+    memory."""
 
     def __init__(self, folder: Path, threads: int) -> None:
         self.folder, self.threads = folder, threads
-        self.times: list[float] = []
+        self.clock = StepClock()
 
     def setup(self, trainer, pl_module, stage) -> None:
         torch.set_num_threads(self.threads)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.times.append(time.perf_counter())
+        self.clock.tick()
 
     def on_train_end(self, trainer, pl_module) -> None:
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("pipe/")}
-        write_json_atomic(
-            self.folder / f"rank{trainer.global_rank}.json",
-            {"times": self.times, "metrics": metrics, "peak_rss": peak_rss_bytes()},
-        )
+        write_json_atomic(self.folder / f"rank{trainer.global_rank}.json", self.clock.report(metrics=metrics))
 
 
 def run_strategy(s: BenchSettings, run: NetworkRun, start_method: str, seed: int = 0, **options: Any):

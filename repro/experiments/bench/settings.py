@@ -48,10 +48,13 @@ class NetworkRun:
     untied: bool = False  # link section: the bench GPT with a head of its own (no tied sum)
     schedule: str | None = None  # link section: gpipe | 1f1b; None = link_schedule
     micro_batches: int | None = None  # link section: M; None = link_micro_batches
+    engine: str = "ours"  # link section: ours (the clapping strategy) | torch (torch.distributed.pipelining)
 
     @property
     def label(self) -> str:
-        if self.method == "none":
+        if self.engine == "torch":
+            out = "torch.distributed.pipelining"
+        elif self.method == "none":
             out = "none" if self.p == 1.0 else f"none p={self.p:g}"
         else:
             comp = (
@@ -76,6 +79,7 @@ NETWORK_RUNS = (
     NetworkRun("clapping_fc", "quant(4)", "quant(8)", 0.5),
     NetworkRun("clapping_fu", "topk(0.1)", "topk(0.1)", 0.5),
 )
+ENGINES = ("ours", "torch")  # a link run's pipeline: the clapping strategy, torch.distributed.pipelining
 LINK_RUNS = (
     NetworkRun("none"),
     NetworkRun("none", untied=True),
@@ -206,7 +210,12 @@ class BenchSettings:
             raise ValueError(f"{where}: bandwidth_mbps={self.bandwidth_mbps!r}: must be > 0")
         if not self.network_runs or self.network_runs[0].method != "none" or self.network_runs[0].p != 1.0:
             raise ValueError(f"{where}: network_runs must start with method 'none' (p 1), the reference")
-        if not self.link_runs or self.link_runs[0].method != "none" or self.link_runs[0].p != 1.0:
+        if (
+            not self.link_runs
+            or self.link_runs[0].method != "none"
+            or self.link_runs[0].p != 1.0
+            or self.link_runs[0].engine != "ours"
+        ):
             raise ValueError(f"{where}: link_runs must start with method 'none' (p 1), the reference")
         for field_name in ("network_runs", "link_runs"):
             for run in getattr(self, field_name):
@@ -215,6 +224,17 @@ class BenchSettings:
                 for part in ("fwd", "bwd", "tied"):
                     build_compressor(
                         getattr(run, f"{part}_compressor"), f"{where}: {field_name} {part}_compressor"
+                    )
+                if run.engine not in ENGINES:
+                    raise ValueError(f"{where}: {field_name} engine={run.engine!r}; allowed {ENGINES}")
+                if run.engine == "torch" and (
+                    field_name != "link_runs"
+                    or (run.method, run.fwd_compressor, run.bwd_compressor, run.p, run.tied_compressor)
+                    != ("none", "identity", "identity", 1.0, "identity")
+                ):
+                    raise ValueError(
+                        f"{where}: {field_name} engine='torch' (torch.distributed.pipelining) runs in link_runs "
+                        f"only, with method none, identity compressors, p 1 and the exact tied sum"
                     )
                 if run.schedule not in (None, *SCHEDULES):
                     raise ValueError(f"{where}: {field_name} schedule={run.schedule!r}; allowed {SCHEDULES}")

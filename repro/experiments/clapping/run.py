@@ -250,6 +250,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="also measure each row's step time with its K ranks on veth links shaped to bandwidth_mbps: this "
         "many timed steps per row (needs root; default: the settings' link_steps, 0 = off)",
     )
+    parser.add_argument(
+        "--bandwidth-mbps",
+        type=float,
+        default=None,
+        help="the link speed of the link-time column and of --link-steps' shaped links (default: the settings' "
+        "bandwidth_mbps); the trained runs do not depend on it",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="show Lightning's own lines too")
     return parser
 
@@ -278,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
             seeds=tuple(args.seeds) if args.seeds else None,
             accelerator=args.accelerator,
             link_steps=args.link_steps,
+            bandwidth_mbps=args.bandwidth_mbps,
         )
         if args.plan:
             print_clapping_plan(settings, Path(args.out), args.step_time)

@@ -38,6 +38,15 @@ def check_links_possible() -> None:
         raise LinkError("links: network namespaces need root (CAP_NET_ADMIN) and the ip and tc commands")
 
 
+def wire_tx_bytes(interface: str = "eth0") -> int | None:
+    """Bytes ``interface`` of this process's network namespace has sent (its kernel counter, Ethernet,
+    IP and TCP headers included), or None where it has no such interface (outside a node of ``Links``)."""
+    try:
+        return int(open(f"/sys/class/net/{interface}/statistics/tx_bytes").read())
+    except (OSError, ValueError):
+        return None
+
+
 class Links:
     """``nodes`` namespaces joined by links shaped to ``rate_mbit`` (None: unshaped)."""
 
