@@ -45,6 +45,7 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
                 runs = [
                     r
                     for r in doc["runs"]
+                    if r.get("tied_compressor", "identity") == "identity"  # the exact tied sum's rows
                     if r["regime"] == regime
                     and r["method"] == method
                     and (r["compressor"] == comp or method == "none")

@@ -15,6 +15,7 @@ def _finals(doc: dict, regime: str, method: str, compressor: str, p: float) -> l
     return [
         r["final_val_loss"]
         for r in doc["runs"]
+        if r.get("tied_compressor", "identity") == "identity"  # the exact tied sum's rows
         if (r["regime"], r["method"], r["compressor"], r["p"]) == (regime, method, compressor, p)
     ]
 

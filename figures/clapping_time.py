@@ -14,7 +14,11 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
         return []
     style()
     rows = doc["rows"]
-    labels = [f"{r.get('regime', '')} {r['method']} {r['compressor']} p={r['p']:g}".strip() for r in rows]
+    labels = [
+        f"{r.get('regime', '')} {r['method']} {r['compressor']} p={r['p']:g}".strip()
+        + ("" if r.get("tied_compressor", "identity") == "identity" else f", tied sum {r['tied_compressor']}")
+        for r in rows
+    ]
     fig, ax = plt.subplots(figsize=(TEXT_WIDTH_IN, 0.8 + 0.16 * len(rows)))
     y = range(len(rows))
     compute = [r["train_wall_s"] for r in rows]

@@ -186,7 +186,10 @@ def test_summary_and_ratios():
             "preset: full\nlink_runs: [{method: none}, {method: ef21, engine: torch}]\n",
             r"engine='torch' \(torch.distributed.pipelining\) runs in link_runs only, with method none",
         ),
-        ("preset: full\nlink_runs: [{method: none}, {method: none, engine: jax}]\n", r"engine='jax'; allowed"),
+        (
+            "preset: full\nlink_runs: [{method: none}, {method: none, engine: jax}]\n",
+            r"engine='jax'; allowed",
+        ),
         ("preset: full\ncompressors: [quant(9)]\n", r"quant bits=9"),
         ("preset: full\nsections: [speed]\n", r"sections=\['speed'\]"),
         ("preset: fast\n", r"preset='fast'"),

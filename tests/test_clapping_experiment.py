@@ -35,18 +35,20 @@ def smoke(tmp_path_factory, data_cache):
     return settings, report, out
 
 
-def _row(report, regime, method, compressor, p):
+def _row(report, regime, method, compressor, p, tied="identity"):
     return next(
         r
         for r in report["rows"]
-        if (r["regime"], r["method"], r["compressor"], r["p"]) == (regime, method, compressor, p)
+        if (r["regime"], r["method"], r["compressor"], r["p"], r["tied_compressor"])
+        == (regime, method, compressor, p, tied)
     )
 
 
 def test_every_planned_row_of_both_regimes_is_in_the_table(smoke):
     settings, report, out = smoke
-    planned = {(r.regime, r.method, r.compressor, r.p) for r in plan_rows(settings)}
-    assert {(r["regime"], r["method"], r["compressor"], r["p"]) for r in report["rows"]} == planned
+    planned = {(r.regime, r.method, r.compressor, r.p, r.tied) for r in plan_rows(settings)}
+    keys = [(r["regime"], r["method"], r["compressor"], r["p"], r["tied_compressor"]) for r in report["rows"]]
+    assert len(keys) == len(planned) and set(keys) == planned
     assert {regime for regime, *_ in planned} == {"finetune", "from_scratch"}
     for name in ("clapping_table.md", "clapping_table.csv", "clapping_table.json"):
         assert (out / name).is_file()
@@ -121,6 +123,27 @@ def test_bytes_sent_are_the_compressors_payloads(smoke):
         assert messages_ratio("aqsgd", entry, 1.0) == pytest.approx([expected] * len(grid_seeds(runs)))
         # the table's ratio is of all bytes: the exact tied sums keep it above the messages' ratio
         assert _row(report, "finetune", "direct", entry, 1.0)["compression_ratio"] > (fwd + bwd) / 2
+
+
+def test_a_row_with_its_tied_sum_compressed_is_compared_with_the_exact_none(smoke):
+    """tied_compressors: each from-scratch row again with its tied embedding/head gradient sum sent at
+    quant(8) (error feedback); its messages are the exact row's, its tied bytes the quantizer's payload,
+    and its Δ is against none with the exact sum (the loss effect of compressing the sum)."""
+    settings, report, out = smoke
+    steps = settings.from_scratch.steps
+    runs = {(r["method"], r["tied_compressor"]): r for r in report["runs"] if r["regime"] == "from_scratch"}
+    exact, compressed = runs["none", "identity"], runs["none", "quant(8)"]
+    payload = build_compressor("quant(8)").payload_nbytes((512, 64), torch.float32)
+    assert compressed["tied_bytes_total"] == [2 * payload * steps, 2 * 512 * 64 * 4 * steps]
+    assert exact["tied_bytes_total"] == [2 * 512 * 64 * 4 * steps] * 2
+    assert (
+        compressed["bytes_total"] - compressed["tied_bytes_total"][0]
+        == exact["bytes_total"] - (exact["tied_bytes_total"][0])
+    )
+    row = _row(report, "from_scratch", "none", "identity", 1.0, tied="quant(8)")
+    assert row["delta_vs_none"] == pytest.approx(compressed["final_val_loss"] - exact["final_val_loss"])
+    assert row["compression_ratio"] == pytest.approx(compressed["bytes_total"] / exact["bytes_total"])
+    assert "| none | identity, tied sum quant(8) |" in (out / "clapping_table.md").read_text()
 
 
 def grid_seeds(runs):
@@ -218,6 +241,7 @@ def test_bad_clapping_settings_fail_with_the_field(override, fragment, tmp_path)
         ("  compressors: [identity]", "does not compress"),
         ("  compressors: ['quant(9)/quant(8)']", "2..8"),
         ("  clapping_p: [1.5]", "p=1.5"),
+        ("  tied_compressors: ['quant(8)']", "must start with identity"),
         ("  steps: 0", "steps=0"),
     ],
 )

@@ -156,6 +156,8 @@ def test_an_interrupted_coverage_profile_resumes_to_the_same_profile(tmp_path, d
         "2",
         "--seeds",
         "0",
+        "--group-size",
+        "2",  # 3 runs (all low, then layers 0-1 high, then layer 2) prove the resume as well as 4 per layer
     ]
     run_to_end([*common, "--out", "whole.json"], tmp_path)
     runs = tmp_path / "cut.json.runs"

@@ -17,9 +17,9 @@ from repro.pipeline.stage_parts import layers_per_stage
 
 
 # ---------------------------------------------------------------------- schedules
-def _simulate(name: str, k: int, m: int) -> int:
+def _simulate(name: str, k: int, m: int, extra: int = 0) -> int:
     """Run every stage's schedule with blocking receives; return the number of rounds (raises on deadlock)."""
-    queues = [list(stage_schedule(name, s, k, m)) for s in range(k)]
+    queues = [list(stage_schedule(name, s, k, m, extra)) for s in range(k)]
     done_f = [set() for _ in range(k)]
     done_b = [set() for _ in range(k)]
     rounds = 0
@@ -57,14 +57,19 @@ def test_schedules_run_every_micro_batch_once_each_way_without_deadlock(name, k,
     _simulate(name, k, m)
 
 
-@pytest.mark.parametrize("k, m", [(4, 8), (2, 6)])
-def test_1f1b_keeps_at_most_k_minus_stage_micro_batches_in_flight(k, m):
+@pytest.mark.parametrize("k, m, extra", [(4, 8, 0), (2, 6, 0), (2, 16, 2), (4, 8, 1), (3, 4, 5)])
+def test_1f1b_keeps_at_most_k_minus_stage_plus_extra_micro_batches_in_flight(k, m, extra):
+    """extra_warmup e: e more forwards ahead on every stage but the last, backwards still in
+    micro-batch order (the gradients add up in the same order), and no deadlock."""
     for s in range(k):
         in_flight = peak = 0
-        for kind, _ in stage_schedule("1f1b", s, k, m):
+        actions = stage_schedule("1f1b", s, k, m, extra)
+        for kind, _ in actions:
             in_flight += 1 if kind == "F" else -1
             peak = max(peak, in_flight)
-        assert peak == min(k - s, m)
+        assert peak == min(k - s + (extra if s < k - 1 else 0), m)
+        assert [i for kind, i in actions if kind == "B"] == list(range(m))
+    _simulate("1f1b", k, m, extra)
     assert (
         max(  # GPipe holds all M
             sum(1 for kind, _ in stage_schedule("gpipe", 0, k, m)[:i] if kind == "F") for i in range(2 * m)
@@ -223,6 +228,8 @@ def test_aqsgd_sends_exact_while_warming_up_then_deltas_against_each_samples_buf
         ({"fwd_compressor": "quant(4)"}, "method='none' sends exact"),
         ({"micro_batches": 0}, "micro_batches=0"),
         ({"schedule": "zigzag"}, "schedule='zigzag'"),
+        ({"schedule": "1f1b", "extra_warmup": -1}, "extra_warmup=-1: must be an integer >= 0"),
+        ({"extra_warmup": 2}, "applies to schedule='1f1b'"),
         ({"method": "aqsgd", "aqsgd_storage": "memmap"}, "aqsgd_dir"),
         ({"bandwidth_mbps": -1}, "bandwidth_mbps"),
     ],

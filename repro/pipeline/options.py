@@ -28,6 +28,7 @@ class PipelineOptions:
     layers_per_stage: Sequence[int] | None = None  # layers of each stage; None = as even as possible
     micro_batches: int = 4  # M micro-batches per batch (the batch size must divide by M)
     schedule: str = "gpipe"  # 'gpipe' (all forwards, then all backwards) or '1f1b'
+    extra_warmup: int = 0  # 1f1b: forwards each stage runs ahead of 1F1B's K - 1 - k (slow links; memory)
     method: str = "none"  # none | direct | ef21 | aqsgd | clapping_fc | clapping_fu
     fwd_compressor: str = "identity"  # activations: identity, fp16, bf16, topk(r), randk(r), quant(bits)
     bwd_compressor: str = "identity"  # compressor of activation gradients (same choices)
@@ -72,6 +73,17 @@ class PipelineOptions:
             self.layers_per_stage = counts
         if self.schedule not in SCHEDULES:
             raise ValueError(f"strategy schedule={self.schedule!r}: allowed values are {SCHEDULES}")
+        if (
+            isinstance(self.extra_warmup, bool)
+            or not isinstance(self.extra_warmup, int)
+            or self.extra_warmup < 0
+        ):
+            raise ValueError(f"strategy extra_warmup={self.extra_warmup!r}: must be an integer >= 0")
+        if self.extra_warmup and self.schedule != "1f1b":
+            raise ValueError(
+                f"strategy extra_warmup={self.extra_warmup}: applies to schedule='1f1b' (gpipe already runs every "
+                f"forward first)"
+            )
         if self.method not in METHODS:
             raise ValueError(f"strategy method={self.method!r}: allowed values are {METHODS}")
         self.fwd = build_compressor(self.fwd_compressor, "strategy fwd_compressor")

@@ -49,6 +49,7 @@ class NetworkRun:
     schedule: str | None = None  # link section: gpipe | 1f1b; None = link_schedule
     micro_batches: int | None = None  # link section: M; None = link_micro_batches
     engine: str = "ours"  # link section: ours (the clapping strategy) | torch (torch.distributed.pipelining)
+    extra_warmup: int = 0  # link section, 1f1b: forwards a stage runs ahead of 1F1B's (the strategy's)
 
     @property
     def label(self) -> str:
@@ -70,6 +71,8 @@ class NetworkRun:
         if self.schedule is not None or self.micro_batches is not None:
             out += f" [{self.schedule or ''}{' ' if self.schedule and self.micro_batches else ''}"
             out += f"{f'M={self.micro_batches}' if self.micro_batches else ''}]"
+        if self.extra_warmup:
+            out += f" [extra_warmup={self.extra_warmup}]"
         return out
 
 
@@ -235,6 +238,12 @@ class BenchSettings:
                     raise ValueError(
                         f"{where}: {field_name} engine='torch' (torch.distributed.pipelining) runs in link_runs "
                         f"only, with method none, identity compressors, p 1 and the exact tied sum"
+                    )
+                if run.extra_warmup and (
+                    run.engine != "ours" or (run.schedule or self.link_schedule) != "1f1b"
+                ):
+                    raise ValueError(
+                        f"{where}: {field_name} extra_warmup={run.extra_warmup}: the strategy's 1f1b runs only"
                     )
                 if run.schedule not in (None, *SCHEDULES):
                     raise ValueError(f"{where}: {field_name} schedule={run.schedule!r}; allowed {SCHEDULES}")

@@ -29,12 +29,13 @@ from .table_rows import TableRow
 
 
 def run_label(row: ClappingRow) -> str:
-    """The bench's label of a row's run (``NetworkRun.label``: method, F/B compressors, p)."""
+    """The bench's label of a row's run (``NetworkRun.label``: method, F/B compressors, p, tied sum)."""
+    tied = "" if row.tied == "identity" else f", tied sum {row.tied}"
     if row.strategy_method == "none":
-        return "none" if row.p == 1.0 else f"none p={row.p:g}"
+        return ("none" if row.p == 1.0 else f"none p={row.p:g}") + tied
     fwd, bwd = split_compressor(row.compressor)
     comp = fwd if fwd == bwd else f"{fwd}/{bwd}"
-    return f"{row.method} {comp}" + (f" p={row.p:g}" if row.p != 1.0 else "")
+    return f"{row.method} {comp}" + (f" p={row.p:g}" if row.p != 1.0 else "") + tied
 
 
 def bench_settings(settings: ClappingSettings, rows: list[ClappingRow]) -> dict[str, Any]:
@@ -48,7 +49,10 @@ def bench_settings(settings: ClappingSettings, rows: list[ClappingRow]) -> dict[
             continue
         seen.add(label)
         fwd, bwd = split_compressor(row.compressor)
-        runs.append({"method": row.strategy_method, "fwd_compressor": fwd, "bwd_compressor": bwd, "p": row.p})
+        runs.append(
+            {"method": row.strategy_method, "fwd_compressor": fwd, "bwd_compressor": bwd, "p": row.p}
+            | ({} if row.tied == "identity" else {"tied_compressor": row.tied})
+        )
     k = settings.stages
     return {
         "preset": "quick",
@@ -132,6 +136,9 @@ def with_link_times(rows: list[TableRow], times: dict[str, dict[str, Any]] | Non
     """The table rows, each with its run's measured link figures (None where not measured)."""
     times = times or {}
     return [
-        replace(r, link=times.get(run_label(ClappingRow(r.regime, r.method, r.compressor, r.p))))
+        replace(
+            r,
+            link=times.get(run_label(ClappingRow(r.regime, r.method, r.compressor, r.p, r.tied_compressor))),
+        )
         for r in rows
     ]

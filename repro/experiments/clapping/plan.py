@@ -23,6 +23,7 @@ class ClappingRow:
     method: str  # experiment method: none, none_lazy, direct, ef21, aqsgd, clapping_fc, clapping_fu
     compressor: str  # 'identity' (the none rows), 'C' for both directions, or 'F/B'
     p: float  # lazy-sampling probability
+    tied: str = "identity"  # the tied embedding/head gradient sum's compressor (identity: exact)
 
     @property
     def strategy_method(self) -> str:
@@ -37,7 +38,12 @@ class ClappingRow:
             .replace("=", "")
             .replace("/", "+")
         )
-        return f"{self.regime}-{self.method}-{comp}-p{self.p:g}"
+        tied = (
+            ""
+            if self.tied == "identity"
+            else "-tied" + self.tied.replace("(", "").replace(")", "").replace(",", "-")
+        )
+        return f"{self.regime}-{self.method}-{comp}-p{self.p:g}{tied.replace('=', '')}"
 
 
 def plan_rows(settings: ClappingSettings) -> list[ClappingRow]:
@@ -57,7 +63,7 @@ def plan_rows(settings: ClappingSettings) -> list[ClappingRow]:
                     for c in grid.compressors
                     for p in grid.clapping_p
                 ]
-    return rows
+    return [replace(row, tied=tied) for row in rows for tied in settings.grid(row.regime).tied_compressors]
 
 
 def finetune_data(settings: ClappingSettings, subset: str) -> dict[str, Any]:
@@ -111,6 +117,7 @@ def run_spec(
         fwd_compressor=fwd,
         bwd_compressor=bwd,
         p=row.p,
+        **({} if row.tied == "identity" else {"tied_compressor": row.tied}),
         warmup_epochs=settings.warmup_epochs,
         timeout_s=TIMEOUT_S,
     )

@@ -92,6 +92,7 @@ def probe(
                 methods=("none", *methods),
                 compressors=(compressor,),
                 clapping_p=(p,),
+                tied_compressors=("identity",),
             ),
             finetune_blocks=size,
         )

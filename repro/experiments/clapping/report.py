@@ -34,13 +34,23 @@ def bytes_at_loss(run: dict[str, Any], target: float) -> float | None:
     return None
 
 
+def row_key(run: dict[str, Any]) -> tuple[str, str, float, str]:
+    """The table row of a run: (method, compressor, p, tied-sum compressor)."""
+    return run["method"], run["compressor"], run["p"], run.get("tied_compressor", "identity")
+
+
+def is_none(run: dict[str, Any]) -> bool:
+    """A run of the reference row: none, with the exact tied sum."""
+    return row_key(run)[0] == "none" and row_key(run)[3] == "identity"
+
+
 def regime_rows(settings: ClappingSettings, regime: str, runs: list[dict[str, Any]]) -> list[TableRow]:
-    none = {r["seed"]: r for r in runs if r["method"] == "none"}
+    none = {r["seed"]: r for r in runs if is_none(r)}
     seeds = sorted(none)
     target = statistics.fmean(r["final_val_loss"] for r in none.values()) + settings.target_margin
     groups: dict[tuple, list[dict]] = {}
     for r in runs:
-        groups.setdefault((r["method"], r["compressor"], r["p"]), []).append(r)
+        groups.setdefault(row_key(r), []).append(r)
     compared = with_holm(
         {
             key: paired_comparison(
@@ -48,17 +58,17 @@ def regime_rows(settings: ClappingSettings, regime: str, runs: list[dict[str, An
                 [none[s]["final_val_loss"] for s in seeds],
             )
             for key, g in groups.items()
-            if key[0] != "none"
+            if not is_none(g[0])
         }
     )
     rows = []
-    for (method, compressor, p), group in groups.items():
+    for (method, compressor, p, tied), group in groups.items():
         loss, loss_std = mean_std([r["final_val_loss"] for r in group])
         ratios = [
             r["bytes_total"] / none[r["seed"]]["bytes_total"] for r in group if none[r["seed"]]["bytes_total"]
         ]
         reached = [b for b in (bytes_at_loss(r, target) for r in group) if b is not None]
-        c = compared.get((method, compressor, p), ITSELF)
+        c = compared.get((method, compressor, p, tied), ITSELF)
         rows.append(
             TableRow(
                 *(regime, method, compressor, p, loss, loss_std),
@@ -74,6 +84,7 @@ def regime_rows(settings: ClappingSettings, regime: str, runs: list[dict[str, An
                 ),
                 seeds=sorted(r["seed"] for r in group),
                 seed_losses=[r["final_val_loss"] for r in sorted(group, key=lambda r: r["seed"])],
+                tied_compressor=tied,
             )
         )
     return rows
@@ -90,7 +101,7 @@ def claims(settings: ClappingSettings, rows: list[TableRow]) -> list[dict[str, s
         detail = (
             (
                 f"no row sends 5 % of none's bytes or less; the smallest ratio is {best.compression_ratio:.3f} "
-                f"({best.method} {best.compressor} p={best.p:g})"
+                f"({best.method} {best.label} p={best.p:g})"
             )
             if best
             else "no compressed row"
@@ -102,7 +113,7 @@ def claims(settings: ClappingSettings, rows: list[TableRow]) -> list[dict[str, s
         beyond = [r for r in small if r.delta_ci_low is not None and r.delta_ci_low > settings.minimal_loss]
         verdict = "holds" if within else "fails" if len(beyond) == len(small) else "unresolved"
         detail = ", ".join(
-            f"{r.method} {r.compressor} p={r.p:g}: ratio {r.compression_ratio:.3f}, Δ "
+            f"{r.method} {r.label} p={r.p:g}: ratio {r.compression_ratio:.3f}, Δ "
             f"{r.delta_vs_none:+.4f} [{r.delta_ci_low:+.4f}, {r.delta_ci_high:+.4f}]"
             for r in small
             if r.delta_ci_low is not None
@@ -117,8 +128,8 @@ def claims(settings: ClappingSettings, rows: list[TableRow]) -> list[dict[str, s
         }
     )
     for method in ("clapping_fc", "clapping_fu"):
-        for compressor in sorted({r.compressor for r in ft if r.method == method}):
-            by_p = {r.p: r for r in ft if r.method == method and r.compressor == compressor}
+        for compressor in sorted({r.label for r in ft if r.method == method}):
+            by_p = {r.p: r for r in ft if r.method == method and r.label == compressor}
             if 1.0 not in by_p or len(by_p) < 2:
                 continue
             tests = with_holm(
@@ -175,11 +186,11 @@ def build_report(
     for regime in settings.regimes:
         regime_runs = [r for r in runs if r["regime"] == regime]
         rows += regime_rows(settings, regime, regime_runs)
-        none = sorted((r for r in regime_runs if r["method"] == "none"), key=lambda r: r["seed"])
+        none = sorted((r for r in regime_runs if is_none(r)), key=lambda r: r["seed"])
         diffs, groups = [], []
-        for key in {(r["method"], r["compressor"], r["p"]) for r in regime_runs if r["method"] != "none"}:
+        for key in {row_key(r) for r in regime_runs if not is_none(r)}:
             group = sorted(
-                (r for r in regime_runs if (r["method"], r["compressor"], r["p"]) == key),
+                (r for r in regime_runs if row_key(r) == key),
                 key=lambda r: r["seed"],
             )
             diffs.append([a["final_val_loss"] - b["final_val_loss"] for a, b in zip(group, none)])
@@ -265,7 +276,7 @@ def markdown(report: dict[str, Any]) -> str:
             ratio = "-" if r.compression_ratio is None else f"{r.compression_ratio:.3f}"
             p_holm = "-" if r.p_holm is None else f"{r.p_holm:.3f}"
             lines.append(
-                f"| {r.method} | {r.compressor} | {r.p:g} | {_pm(r.val_loss, r.val_loss_std)} | "
+                f"| {r.method} | {r.label} | {r.p:g} | {_pm(r.val_loss, r.val_loss_std)} | "
                 f"{_delta(r)} | {p_holm} | {_fmt_bytes(r.bytes_total)} | {ratio} | "
                 f"{_fmt_bytes(r.bytes_to_target)} ({r.reached_target}) | "
                 f"{_fmt_bytes(r.buffer_bytes_max_rank)} | "

@@ -43,6 +43,9 @@ class Grid:
     methods: tuple[str, ...] = EXPERIMENT_METHODS  # rows; none_lazy is method none with p = lazy_p
     compressors: tuple[str, ...] = ("topk(0.05)", "quant(4)/quant(8)")  # 'C' both ways, or 'F/B'
     clapping_p: tuple[float, ...] = (0.25, 0.5, 1.0)  # p of the clapping_fc and clapping_fu rows
+    # the tied embedding/head gradient sum of each row: every row once per entry; identity (exact) first,
+    # the others compressed with error feedback (their none row is compared with the exact none)
+    tied_compressors: tuple[str, ...] = ("identity",)
 
     def check(self, where: str) -> None:
         for name in ("steps", "eval_every"):
@@ -63,6 +66,13 @@ class Grid:
                     raise ValueError(
                         f"{where}.compressors: {entry!r} does not compress (the none rows are identity)"
                     )
+        if not self.tied_compressors or self.tied_compressors[0] != "identity":
+            raise ValueError(
+                f"{where}.tied_compressors={list(self.tied_compressors)!r}: must start with identity (the exact sum "
+                f"of the reference none row)"
+            )
+        for spec in self.tied_compressors:
+            build_compressor(spec, f"{where}.tied_compressors")
         for p in self.clapping_p:
             if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < float(p) <= 1.0:
                 raise ValueError(f"{where}: p={p!r}: lazy-sampling probabilities must be in (0, 1]")

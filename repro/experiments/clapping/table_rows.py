@@ -4,7 +4,7 @@ measured link figures into ``link_*`` columns (``csv_record``)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any
 
 LINK_FIGURES = ("step_s", "speedup", "speedup_bound")  # measured on shaped links (link_times)
@@ -35,18 +35,28 @@ class TableRow:
     seeds: list[int]
     seed_losses: list[float]  # in seed order
     link: dict[str, Any] | None = None  # measured step time on shaped links (None: not measured)
+    tied_compressor: str = "identity"  # the tied embedding/head gradient sum's compressor (identity: exact)
 
     @property
     def is_reference(self) -> bool:
-        """The none row, which every row of its regime is compared with."""
-        return self.method == "none"
+        """The none row (with the exact tied sum), which every row of its regime is compared with."""
+        return self.method == "none" and self.tied_compressor == "identity"
+
+    @property
+    def label(self) -> str:
+        """The compressor column: the messages', and the tied sum's where it is compressed."""
+        return self.compressor + (
+            "" if self.tied_compressor == "identity" else f", tied sum {self.tied_compressor}"
+        )
 
     def record(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> TableRow:
-        return cls(**{f.name: record.get(f.name) for f in fields(cls)})
+        return cls(
+            **{f.name: record.get(f.name, None if f.default is MISSING else f.default) for f in fields(cls)}
+        )
 
     def csv_record(self) -> dict[str, Any]:
         """The CSV's columns (``CSV_COLUMNS``): lists joined by spaces, the link figures flattened."""

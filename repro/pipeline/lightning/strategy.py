@@ -216,7 +216,9 @@ class ClappingStrategy(PipelineEvaluation, StageProcesses):
             MessageContext(step, fresh, warmup, mb.get(opts.sample_id_key) if isinstance(mb, dict) else None)
             for mb in micro
         ]
-        schedule = stage_schedule(opts.schedule, self.global_rank, self.num_stages, len(micro))
+        schedule = stage_schedule(
+            opts.schedule, self.global_rank, self.num_stages, len(micro), opts.extra_warmup
+        )
         scale = 1.0 / (len(micro) * trainer.accumulate_grad_batches)
         params = [p for p in self.lightning_module.parameters() if p.requires_grad]
         earlier = [(p, p.grad) for p in params]
