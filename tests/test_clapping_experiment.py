@@ -64,7 +64,7 @@ def test_every_planned_row_of_both_regimes_is_in_the_table(smoke):
     # the json's flat records are the typed rows, field for field; the csv has the rows' columns
     assert [TableRow.from_record(r).record() for r in report["rows"]] == report["rows"]
     header = (out / "clapping_table.csv").read_text().splitlines()[0].split(",")
-    assert header == [k for k in report["rows"][0] if k != "link"][:-2] + [
+    assert header == [k for k in report["rows"][0] if k not in ("link", "seeds", "seed_losses")] + [
         "link_step_s",
         "link_speedup",
         "link_speedup_bound",
@@ -325,7 +325,7 @@ def test_each_row_gets_the_link_timing_of_its_own_method_and_the_table_shows_it(
     from repro.runs.model_config import load_model_config
 
     settings, report, _ = smoke
-    settings = type(settings)(**{**settings.__dict__, "link_steps": 3})
+    settings = type(settings)(**{**settings.__dict__, "link_steps": 3, "link_repeats": 2})
     rows = plan_rows(settings)
     wanted = link_times.bench_settings(settings, rows)
     (tmp_path / "link").mkdir()
@@ -341,6 +341,7 @@ def test_each_row_gets_the_link_timing_of_its_own_method_and_the_table_shows_it(
         config.block_size,
         config.batch_size,
     )
+    assert bench.network_repeats == 2  # each run twice, interleaved: the speed-ups' CIs
     assert (bench.link_stages, bench.link_timed_steps, bench.link_rates_mbit) == (
         (settings.stages,),
         3,
@@ -360,6 +361,8 @@ def test_each_row_gets_the_link_timing_of_its_own_method_and_the_table_shows_it(
                 "achieved_mbit": 10.0,
                 "rate_mbit": settings.bandwidth_mbps,
                 "compute_s_per_step": 0.1,
+                "ratio_ci_low": None if i == 0 else 0.2,
+                "ratio_ci_high": None if i == 0 else 0.9,
             }
         )
     (tmp_path / "link" / "bench.json").write_text(json.dumps({"rows": fake}))
@@ -367,8 +370,11 @@ def test_each_row_gets_the_link_timing_of_its_own_method_and_the_table_shows_it(
     times = link_times.measure_link_times(settings, rows, tmp_path, note=lambda line: None)
     table_rows = link_times.with_link_times([TableRow.from_record(r) for r in report["rows"]], times)
     for r in table_rows:
-        label = link_times.run_label(link_times.ClappingRow(r.regime, r.method, r.compressor, r.p))
+        label = link_times.run_label(
+            link_times.ClappingRow(r.regime, r.method, r.compressor, r.p, r.tied_compressor)
+        )
         assert r.link["step_s"] == 0.5 + labels.index(label)
     records = [r.record() for r in table_rows]
     text = markdown({**report, "rows": records, "link": {"timed_steps": 3, "warmup_steps": 2}})
     assert "measured s/step on the shaped link" in text and "| 0.500 | 1.00 (1.00) |" in text
+    assert "| 1.500 | 0.33 [0.20, 0.90] (2.00) |" in text  # the second run: its speed-up and CI

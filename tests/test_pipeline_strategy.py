@@ -125,7 +125,11 @@ def single_process_reference(corpus, tmp_path_factory):
 
 @pytest.mark.parametrize(
     "k, schedule, more",
-    [(2, "gpipe", {}), (4, "gpipe", {}), (4, "1f1b", {"micro_batches": 4, "extra_warmup": 1})],
+    [
+        (2, "gpipe", {}),
+        (4, "gpipe", {}),
+        (4, "1f1b", {"extra_warmup": 1}),
+    ],  # stage 2 runs 2 forwards ahead, not 1
 )
 def test_none_identity_through_k_stages_matches_one_process(
     k, schedule, more, corpus, tmp_path, single_process_reference

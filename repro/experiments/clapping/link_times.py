@@ -73,7 +73,7 @@ def bench_settings(settings: ClappingSettings, rows: list[ClappingRow]) -> dict[
         "link_runs": runs,
         "link_micro_batches": settings.micro_batches,
         "link_schedule": settings.schedule,
-        "network_repeats": 1,
+        "network_repeats": settings.link_repeats,
         "link_rates_mbit": [float(settings.bandwidth_mbps)],
         "pipe_warmup_steps": settings.link_warmup_steps,
         "link_timed_steps": settings.link_steps,
@@ -124,6 +124,10 @@ def measure_link_times(
             "step_s": r["median"],
             "speedup": r["ratio"] if r["reference"] else 1.0,
             "speedup_bound": r["speedup_bound_amdahl"],
+            "speedup_ci": [r["ratio_ci_low"], r["ratio_ci_high"]]
+            if r.get("ratio_ci_low") is not None
+            else None,
+            "fraction_of_limit": r.get("fraction_of_limit"),
             "compression_ratio": r["compression_ratio"],
             "achieved_mbit": r["achieved_mbit"],
             "rate_mbit": r["rate_mbit"],

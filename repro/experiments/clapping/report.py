@@ -209,7 +209,11 @@ def build_report(
         "bandwidth_mbps": settings.bandwidth_mbps,
         "link": None
         if link_times is None
-        else {"timed_steps": settings.link_steps, "warmup_steps": settings.link_warmup_steps},
+        else {
+            "timed_steps": settings.link_steps,
+            "warmup_steps": settings.link_warmup_steps,
+            "repeats": settings.link_repeats,
+        },
         "wall_s": wall_s,
         "total_runs": len(runs) + (base is not None),  # the rows and the base model
         "trained_runs": trained_runs,
@@ -242,14 +246,16 @@ def _delta(r: TableRow) -> str:
     return f"**{text}**" if r.resolved else text
 
 
-LINK_HEAD = " measured s/step on the shaped link | measured speed-up vs none (Amdahl bound) |"
+LINK_HEAD = " measured s/step on the shaped link | measured speed-up vs none [95% CI] (Amdahl bound) |"
 
 
 def _link_cells(r: TableRow) -> str:
     m = r.link
     if m is None:
         return " - | - |"
-    return f" {m['step_s']:.3f} | {m['speedup']:.2f} ({m['speedup_bound']:.2f}) |"
+    ci = m.get("speedup_ci")
+    speedup = f"{m['speedup']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+    return f" {m['step_s']:.3f} | {speedup} ({m['speedup_bound']:.2f}) |"
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -303,7 +309,8 @@ def markdown(report: dict[str, Any]) -> str:
             f"; measured: {report['link']['timed_steps']} steps of each row's method after "
             f"{report['link']['warmup_steps']} untimed, its K ranks in K network namespaces joined by veth links "
             f"shaped to {report['bandwidth_mbps']:g} Mbit/s (tc tbf), on the bench's synthetic tokens at this "
-            "model's shape; the Amdahl bound from none's measured compute (unshaped links) and link time."
+            f"model's shape, {report['link'].get('repeats', 1)} interleaved repeat(s) (the CI with 2 or more); "
+            "the Amdahl bound from none's compute (its ranks' CPU time per step in the same run) and link time."
             if report.get("link")
             else " (`repro clapping --link-steps N` measures each row's step time on real shaped links)."
         ),

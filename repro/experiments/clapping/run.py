@@ -252,6 +252,13 @@ def build_parser() -> argparse.ArgumentParser:
         "many timed steps per row (needs root; default: the settings' link_steps, 0 = off)",
     )
     parser.add_argument(
+        "--link-repeats",
+        type=int,
+        default=None,
+        help="interleaved repeats of every link run (default: the settings' link_repeats); 2 or more give each "
+        "measured speed-up its 95%% CI",
+    )
+    parser.add_argument(
         "--bandwidth-mbps",
         type=float,
         default=None,
@@ -286,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             seeds=tuple(args.seeds) if args.seeds else None,
             accelerator=args.accelerator,
             link_steps=args.link_steps,
+            link_repeats=args.link_repeats,
             bandwidth_mbps=args.bandwidth_mbps,
         )
         if args.plan:

@@ -102,6 +102,7 @@ class ClappingSettings:
     bandwidth_mbps: float = 100.0  # link speed of the link-time bound column (and of the measured one)
     link_steps: int = 0  # timed steps per row on veth links shaped to bandwidth_mbps (0 = off; root)
     link_warmup_steps: int = 2  # untimed steps before them
+    link_repeats: int = 1  # interleaved repeats of every link run; 2 or more give each speed-up its 95 % CI
     target_margin: float = 0.02  # bytes-to-target: the target is none's final loss + this (nats)
     minimal_loss: float = 0.02  # "minimal loss": a row costs at most this much (nats) over none
     quant_error_bits: tuple[int, ...] = (2, 4, 8)  # bits of the quantizer-error table on real messages
@@ -157,6 +158,12 @@ class ClappingSettings:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{where}: {name}={value!r}: must be an integer >= 0")
+        if (
+            not isinstance(self.link_repeats, int)
+            or isinstance(self.link_repeats, bool)
+            or self.link_repeats < 1
+        ):
+            raise ValueError(f"{where}: link_repeats={self.link_repeats!r}: must be a positive integer")
         if not self.bandwidth_mbps > 0:
             raise ValueError(f"{where}: bandwidth_mbps={self.bandwidth_mbps!r}: must be > 0")
         if any(not isinstance(b, int) or not 2 <= b <= 8 for b in self.quant_error_bits):
