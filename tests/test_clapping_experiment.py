@@ -126,24 +126,35 @@ def test_bytes_sent_are_the_compressors_payloads(smoke):
 
 
 def test_a_row_with_its_tied_sum_compressed_is_compared_with_the_exact_none(smoke):
-    """tied_compressors: each from-scratch row again with its tied embedding/head gradient sum sent at
-    quant(8) (error feedback); its messages are the exact row's, its tied bytes the quantizer's payload,
-    and its Δ is against none with the exact sum (the loss effect of compressing the sum)."""
-    settings, report, out = smoke
-    steps = settings.from_scratch.steps
-    runs = {(r["method"], r["tied_compressor"]): r for r in report["runs"] if r["regime"] == "from_scratch"}
-    exact, compressed = runs["none", "identity"], runs["none", "quant(8)"]
-    payload = build_compressor("quant(8)").payload_nbytes((512, 64), torch.float32)
-    assert compressed["tied_bytes_total"] == [2 * payload * steps, 2 * 512 * 64 * 4 * steps]
-    assert exact["tied_bytes_total"] == [2 * 512 * 64 * 4 * steps] * 2
-    assert (
-        compressed["bytes_total"] - compressed["tied_bytes_total"][0]
-        == exact["bytes_total"] - (exact["tied_bytes_total"][0])
+    """tied_compressors: each row again with its tied embedding/head gradient sum compressed; its run
+    sends the sum with that compressor (the exact rows' runs keep their names and fingerprints), and
+    its row is paired with the exact none (the loss effect of compressing the sum)."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from repro.experiments.clapping.plan import run_spec
+    from repro.experiments.clapping.report import markdown, regime_rows
+
+    settings, report, _ = smoke
+    tied = replace(
+        settings, from_scratch=replace(settings.from_scratch, tied_compressors=("identity", "quant(8)"))
     )
-    row = _row(report, "from_scratch", "none", "identity", 1.0, tied="quant(8)")
-    assert row["delta_vs_none"] == pytest.approx(compressed["final_val_loss"] - exact["final_val_loss"])
-    assert row["compression_ratio"] == pytest.approx(compressed["bytes_total"] / exact["bytes_total"])
-    assert "| none | identity, tied sum quant(8) |" in (out / "clapping_table.md").read_text()
+    rows = [r for r in plan_rows(tied) if r.regime == "from_scratch"]
+    assert [(r.method, r.tied) for r in rows] == [
+        ("none", "identity"), ("none", "quant(8)"), ("clapping_fc", "identity"), ("clapping_fc", "quant(8)")
+    ]  # fmt: skip
+    exact, compressed = (run_spec(r, 0, tied, Path("runs"), None) for r in rows[:2])
+    assert "tied_compressor" not in exact.pipeline_dict()
+    assert compressed.pipeline_dict()["tied_compressor"] == "quant(8)"
+    assert exact == run_spec(rows[0], 0, settings, Path("runs"), None) and compressed.name != exact.name
+    runs = [r for r in report["runs"] if r["regime"] == "from_scratch" and r["method"] == "none"]
+    fake = [{**r, "final_val_loss": r["final_val_loss"] + 0.5, "tied_compressor": "quant(8)"} for r in runs]
+    table = {(r.method, r.tied_compressor): r for r in regime_rows(tied, "from_scratch", runs + fake)}
+    assert table["none", "identity"].is_reference and not table["none", "quant(8)"].is_reference
+    assert table["none", "quant(8)"].delta_vs_none == pytest.approx(0.5)
+    doc = {**report, "rows": [r.record() for r in table.values()], "settings": {**report["settings"],
+           "regimes": ["from_scratch"]}}  # fmt: skip
+    assert "| none | identity, tied sum quant(8) |" in markdown(doc)
 
 
 def grid_seeds(runs):
