@@ -82,14 +82,12 @@ def torch_rank_main(s: BenchSettings, run: NetworkRun, spec: dict[str, Any]) -> 
 
     import torch
     import torch.distributed as dist
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     from repro.files import write_json_atomic
     from repro.lit import GPTLightningModule
-    from repro.pipeline.stage_parts import stage_adapter_for
 
     from .pipelines import StepClock
-    from .versus_torch import stage_module
+    from .versus_torch import TorchPipelineRank
     from .workload import OPTIM, gpt_config, loader
 
     k, rank = spec["stages"], int(os.environ["NODE_RANK"])
@@ -98,28 +96,11 @@ def torch_rank_main(s: BenchSettings, run: NetworkRun, spec: dict[str, Any]) -> 
     try:
         torch.manual_seed(0)
         module = GPTLightningModule(gpt_config(s, tie_embeddings=not run.untied), OPTIM)
-        adapter = stage_adapter_for(module)
-        part, tied = stage_module(module, rank, k)
-        schedule_class = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[run.schedule or s.link_schedule]
-        schedule = schedule_class(
-            PipelineStage(part, rank, k, torch.device("cpu")),
-            run.micro_batches or s.link_micro_batches,
-            loss_fn=lambda out, y: adapter.loss(out, {"targets": y}),
-        )
-        opt = torch.optim.AdamW([p for p in part.parameters() if p.requires_grad], lr=OPTIM["lr"])
-        tied_group = dist.new_group([0, k - 1])
+        m = run.micro_batches or s.link_micro_batches
+        pipe = TorchPipelineRank(module, rank, k, m, run.schedule or s.link_schedule)
         clock = StepClock()
         for batch in loader(s, s.pipe_warmup_steps + s.link_timed_steps):
-            opt.zero_grad(set_to_none=True)
-            if rank == 0:
-                schedule.step(batch["input_ids"])
-            elif rank == k - 1:
-                schedule.step(target=batch["targets"])
-            else:
-                schedule.step()
-            for weight in tied:
-                dist.all_reduce(weight.grad, group=tied_group)
-            opt.step()
+            pipe.step(batch)
             clock.tick()
         write_json_atomic(Path(spec["folder"]) / f"rank{rank}.json", clock.report(metrics={}))
     finally:
@@ -162,14 +143,10 @@ def linked_run(s: BenchSettings, run: NetworkRun, links: Links, port: int) -> di
         "bytes_per_step": None if counted is None else counted / steps,
         "uplink_bytes_per_step": None if counted is None else [b / steps for b in uplink_bytes(metrics, k)],
         "compression_ratio": metrics.get("pipe/compression_ratio", 1.0),
-        "wire_bytes_per_step": [_per_timed_step(r["tx"], s.pipe_warmup_steps) for r in ranks],
-        "cpu_s_per_step": [_per_timed_step(r["cpu"], s.pipe_warmup_steps) for r in ranks],
+        # the counters' mean increase per timed step, as for the clock
+        "wire_bytes_per_step": [_mean_step_s(r["tx"], s.pipe_warmup_steps) for r in ranks],
+        "cpu_s_per_step": [_mean_step_s(r["cpu"], s.pipe_warmup_steps) for r in ranks],
     }
-
-
-def _per_timed_step(counter: list[float], warmup: int) -> float:
-    """A per-step counter's mean increase over the timed steps (after ``warmup`` untimed ones)."""
-    return _mean_step_s(counter, warmup)
 
 
 def compute_s(cpu_s_per_step: list[float], cores: int) -> float:

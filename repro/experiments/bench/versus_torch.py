@@ -64,45 +64,65 @@ def stage_module(module: L.LightningModule, rank: int, k: int) -> tuple[torch.nn
     return stage, [q for q in stage.parameters() if id(q) in others]
 
 
+class TorchPipelineRank:
+    """One rank of ``torch.distributed.pipelining`` on a bench module: the stage cut by the same stage
+    adapter as ours, its GPipe or 1F1B schedule over M micro-batches, AdamW; ``step`` is one optimizer
+    step (zero_grad, the schedule, the tied weights' gradient sum, the update). Every rank builds one,
+    in the same order (it creates a process group)."""
+
+    def __init__(
+        self, module: L.LightningModule, rank: int, k: int, micro_batches: int, schedule: str = "gpipe"
+    ):
+        from torch.distributed.pipelining import (
+            PipelineStage,
+            Schedule1F1B,
+            ScheduleGPipe,
+        )  # heavy; workers only
+
+        adapter = stage_adapter_for(module)
+        part, self.tied = stage_module(module, rank, k)
+        self.schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule](
+            PipelineStage(part, rank, k, torch.device("cpu")),
+            micro_batches,
+            loss_fn=lambda out, y: adapter.loss(out, {"targets": y}),
+        )
+        self.opt = torch.optim.AdamW([p for p in part.parameters() if p.requires_grad], lr=OPTIM["lr"])
+        # a tied embedding and head (the suite's GPT): the first and last stage each hold the weight,
+        # and summing its two gradients keeps them one weight (as the clapping strategy does)
+        self.tied_group = dist.new_group([0, k - 1])
+        self.rank, self.k = rank, k
+
+    def step(self, batch: dict[str, torch.Tensor]) -> None:
+        self.opt.zero_grad(set_to_none=True)
+        if self.rank == 0:
+            self.schedule.step(batch["input_ids"])
+        elif self.rank == self.k - 1:
+            self.schedule.step(target=batch["targets"])
+        else:
+            self.schedule.step()
+        for weight in self.tied:
+            dist.all_reduce(weight.grad, group=self.tied_group)
+        self.opt.step()
+
+
 def _torch_worker(
     rank: int, k: int, port: int, model: BenchModel, s: BenchSettings, folder: str, seed: int, turns
 ) -> None:
     """One rank of torch's pipeline: its own step (zero_grad, the GPipe schedule, the tied weights'
     gradient sum, AdamW) between two turns at the shared barrier."""
-    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe  # heavy; only in these workers
-
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(threads_per_process(k))
     dist.init_process_group("gloo", rank=rank, world_size=k)
     try:
-        module = bench_module(model, seed)  # the same model object and optimizer as ours
-        adapter = stage_adapter_for(module)
-        stage_part, tied = stage_module(module, rank, k)
-        stage = PipelineStage(stage_part, rank, k, torch.device("cpu"))
-        schedule = ScheduleGPipe(
-            stage, s.micro_batches, loss_fn=lambda out, y: adapter.loss(out, {"targets": y})
-        )
-        params = [p for p in stage_part.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=OPTIM["lr"])
-        # a tied embedding and head (the suite's GPT): the first and last stage each hold the weight,
-        # and summing its two gradients keeps them one weight (as the clapping strategy does)
-        tied_group = dist.new_group([0, k - 1])
+        pipe = TorchPipelineRank(
+            bench_module(model, seed), rank, k, s.micro_batches
+        )  # ours' model, optimizer
         steps = s.pipe_warmup_steps + s.pipe_timed_steps
         batches = iter(loader(s, steps, _block_size(model)))
         turns.wait()  # both pipelines are set up
         for _ in range(steps):
             turns.wait()  # ours has done its step: this one's turn
-            batch = next(batches)
-            opt.zero_grad(set_to_none=True)
-            if rank == 0:
-                schedule.step(batch["input_ids"])
-            elif rank == k - 1:
-                schedule.step(target=batch["targets"])
-            else:
-                schedule.step()
-            for weight in tied:
-                dist.all_reduce(weight.grad, group=tied_group)
-            opt.step()
+            pipe.step(next(batches))
             turns.wait()  # every rank of this pipeline is done: ours' turn
         write_json_atomic(Path(folder) / f"rank{rank}.json", {"peak_rss": peak_rss_bytes()})
     except BaseException:
