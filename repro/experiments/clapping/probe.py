@@ -10,7 +10,8 @@ pair: ``none``'s mean and seed std, and for every other row the paired differenc
 seeds a paired t-test needs to detect each target difference with 80 % power at alpha and at
 Holm's strictest level (alpha / m, m the rows the fine-tune table compares with ``none``). N
 defaults to the settings' N scaled with the steps, so every pair passes over its data as many
-times as the table's rows do.
+times as the table's rows do. At the table's own (steps, N) the probe's runs are the table's
+(written to ``<out>/runs``), so a probe at that length costs the table nothing.
 
     repro clapping --scale cpu --probe --probe-steps 80 320 --probe-compressor 'quant(4)/quant(8)'
 """
@@ -96,7 +97,9 @@ def probe(
             ),
             finetune_blocks=size,
         )
-        jobs[(n, size)] = grid(tuned, out / "probe" / f"steps{n}-N{size}", base)
+        # at the table's own length the probe's runs are the table's (the same specs): trained once
+        same = (n, size) == (grid_of.steps, settings.finetune_blocks)
+        jobs[(n, size)] = grid(tuned, out / "runs" if same else out / "probe" / f"steps{n}-N{size}", base)
     for n, size in lengths:
         clapping_data_use(settings, None, jobs[(n, size)], cache_dir)
     specs = [spec for rows in jobs.values() for _, spec in rows]

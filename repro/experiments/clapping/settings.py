@@ -23,7 +23,7 @@ from typing import Any, Literal
 from repro.experiments.kit.settings import ConfigPath, load_settings, shipped_settings
 from repro.pipeline.compressors import build_compressor
 
-SCALES = ("smoke", "cpu", "paper")
+SCALES = ("smoke", "cpu", "real", "paper")
 REGIMES = ("finetune", "from_scratch")
 EXPERIMENT_METHODS = ("none", "none_lazy", "direct", "ef21", "aqsgd", "clapping_fc", "clapping_fu")
 
@@ -80,7 +80,7 @@ class Grid:
 
 @dataclass(frozen=True)
 class ClappingSettings:
-    scale: Literal["smoke", "cpu", "paper"]  # the name written into the results
+    scale: Literal["smoke", "cpu", "real", "paper"]  # the name written into the results
     model: ConfigPath  # model config of the model, data and optimizer (relative to this file)
     finetune: Grid  # the rows of the fine-tune regime
     from_scratch: Grid  # the rows of the from-scratch ablation
