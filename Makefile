@@ -58,7 +58,7 @@ format: install
 reproduce-table1: install
 	$(VENV)/bin/repro table1 --scale $(SCALE) $(if $(strip $(SEEDS)),--seeds $(SEEDS))
 
-# make reproduce-clapping [SCALE=smoke|cpu|paper] [SEEDS="0 1"]: results/clapping/clapping_table.{md,csv,json}.
+# make reproduce-clapping [SCALE=smoke|cpu|real|paper] [SEEDS="0 1"]: results/clapping/clapping_table.{md,csv,json}.
 # A second call resumes (finished runs are reused).
 reproduce-clapping: install
 	$(VENV)/bin/repro clapping --scale $(SCALE) $(if $(strip $(SEEDS)),--seeds $(SEEDS))

