@@ -132,6 +132,17 @@ def test_phase_off_of_a_layer_is_the_forward_with_that_layers_rotation_removed(m
         plain, _ = ours(ids)
     assert torch.allclose(logits, expected, atol=1e-6)
     assert float((plain - expected).abs().max()) > 100 * float((logits - expected).abs().max()) + 1e-6
+    # the fine-tune module's model.rotary trains that forward
+    from repro.lit.hf_module import HFCausalLMModule
+
+    module = HFCausalLMModule(str(models["llama"]), rotary=[1.0, 1.0, 0.0, 1.0])
+    module.model.materialize_all()
+    with torch.no_grad():
+        assert torch.equal(module.model(ids)[0], logits)
+    with pytest.raises(
+        ValueError, match=r"model.rotary=\[1.0\]: give one fraction in \[0, 1\] per layer \(4 layers\)"
+    ):
+        HFCausalLMModule(str(models["llama"]), rotary=[1.0])
 
 
 def test_per_head_phase_off_is_the_forward_with_those_heads_rotation_removed(models, monkeypatch):
@@ -237,6 +248,19 @@ def test_repro_profile_phase_off_of_a_pretrained_model_per_layer_and_per_head(
         <= rows[1, "inverse"]["ci95"][1]
     )
     assert (tmp_path / "nope.md").read_text().count("\n| 3 |") == 8
+    # ... and after a short fine-tune of each allocation, with its rotation as allocated in training
+    repro("profile", "nope", "--config", str(tmp_path / "hf.yaml"), "--profile", str(out), "--layers", "1",
+          "--draws", "0", "--finetune-steps", "2", "--out", str(tmp_path / "nope_ft.json"))  # fmt: skip
+    tuned = json.loads((tmp_path / "nope_ft.json").read_text())
+    rows = {r["method"]: r for r in tuned["rows"]}
+    assert set(rows) == {"profile", "inverse", "first-k", "last-k", "spaced-k", "uniform"}
+    assert tuned["finetune"]["steps"] == 2 and rows["profile"]["nope_layers"] == [least]
+    runs = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "nope_ft").glob("*.json")}
+    assert len(runs) == 7 and "model.rotary" not in runs["full-RoPE-s0"]["overrides"]
+    assert runs["k1-inverse-s0"]["overrides"]["model.rotary"] == [0.0 if i == most else 1.0 for i in range(4)]
+    assert runs["k1-uniform-s0"]["overrides"]["model.rotary"] == [0.75] * 4
+    assert all(r["global_step"] == 2 for r in runs.values())
+    assert rows["inverse"]["ci95"][0] <= rows["inverse"]["delta_vs_profile"] <= rows["inverse"]["ci95"][1]
     # the figure of both (README: A real model) draws from these files
     (tmp_path / "results" / "real").mkdir(parents=True)
     shutil.copy(out, tmp_path / "results" / "real" / "phase_off.json")

@@ -11,8 +11,12 @@ Allocations of the budget (each removes the rotary phase of ``k`` layers' worth 
   - ``uniform``: every layer keeps the highest ``1 - k/L`` of its rotary pairs (the same number of
     pairs without phase, spread over all layers; rounded to whole pairs per layer).
 Each row's loss is compared with ``profile``'s on the same chunks (paired): the mean difference and
-its 95% CI over the chunks. Nothing here trains (the fine-tuned variant of this test is not built:
-the pretrained module has no per-layer rotary option yet).
+its 95% CI over the chunks.
+
+``finetuned_nope`` asks the same after a short fine-tune: every allocation (and full RoPE) is
+fine-tuned from the pretrained weights with its layers' rotation as allocated (``model.rotary``), on
+the same batches (same seeds), through the run engine (resumable), and then evaluated as above.
+Over several seeds, a chunk's loss is its mean over the seeds; the CI is still over the chunks.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from repro.runs import Progress, RunSpec, train_all
 from repro.stats import mean_interval
 
 from .allocation import bottom_k_layers, random_layers, spaced_layers, top_k_layers
@@ -112,6 +117,84 @@ def zero_shot_nope(
     }
 
 
+def finetuned_nope(
+    config_path: str | os.PathLike,
+    profile: LayerProfile,
+    budgets: list[int],
+    steps: int,
+    folder: str | os.PathLike,
+    seeds: tuple[int, ...] = (0,),
+    draws: int = 3,
+    seed: int = 0,
+    overrides: dict[str, Any] | None = None,
+    cache_dir: str | None = None,
+    quiet: bool = False,
+) -> dict[str, Any]:
+    """Every allocation fine-tuned ``steps`` steps (per seed, runs under ``folder``), then its loss on
+    the test chunks with its rotation as trained, paired against ``profile``'s fine-tune."""
+    plans = {k: nope_allocations(profile, k, draws, seed) for k in budgets}
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
+        raise ValueError(f"--finetune-steps={steps!r}: a positive number of steps")
+    n = profile.n_layer
+    named = {"full RoPE": {}} | {f"k{k} {name}": f for k, plan in plans.items() for name, f in plan.items()}
+
+    def spec(name: str, fractions: dict[int, float], s: int) -> RunSpec:
+        slug = name.replace(" ", "-").replace("#", "")
+        rotary = {"model.rotary": [float(fractions.get(i, 1.0)) for i in range(n)]} if fractions else {}
+        return RunSpec.make(
+            f"{slug}-s{s}", folder, config_path, s, steps, steps, {**(overrides or {}), **rotary},
+            save_checkpoint=True, label=f"{name}, seed {s}",
+        )  # fmt: skip
+
+    specs = {(name, s): spec(name, f, s) for name, f in named.items() for s in seeds}
+    progress = Progress("nope fine-tune", len(specs), steps * len(specs), 1, quiet)
+    results = train_all(list(specs.values()), "cpu", 1, cache_dir, progress)
+    measured: dict[str, list[tuple[float, int]]] = {}
+    for name, fractions in named.items():
+        per_seed = []
+        for s in seeds:
+            checkpoint = results[specs[(name, s)].key].checkpoint
+            model, datamodule = pretrained_model_and_data(config_path, cache_dir, checkpoint)
+            model.set_rotary(fractions or None)
+            model.eval()
+            per_seed.append(chunk_losses(model, list(datamodule.test_dataloader())))
+            progress.note(f"{name}, seed {s}: test loss {token_mean(per_seed[-1]):.4f}")
+        measured[name] = [
+            (sum(c[i][0] for c in per_seed) / len(seeds), per_seed[0][i][1]) for i in range(len(per_seed[0]))
+        ]
+    split = "test" if datamodule.test_set is not datamodule.val_set else "validation (no test split)"
+    reference = measured["full RoPE"]
+    rows = []
+    for k, plan in plans.items():
+        base = measured[f"k{k} profile"]
+        for name, fractions in plan.items():
+            chunks = measured[f"k{k} {name}"]
+            mean, low, high = mean_interval([a - b for (a, _), (b, _) in zip(chunks, base)])
+            rows.append(
+                {
+                    "budget": k,
+                    "method": name,
+                    "nope_layers": sorted(layer for layer, f in fractions.items() if f == 0.0),
+                    "loss": token_mean(chunks),
+                    "increase_over_full_rope": token_mean(chunks) - token_mean(reference),
+                    "delta_vs_profile": None if name == "profile" else mean,
+                    "ci95": None if name == "profile" else [low, high],
+                    "verdict": None if name == "profile" else _verdict(low, high),
+                }
+            )
+    return {
+        "split": split,
+        "chunks": len(reference),
+        "eval_tokens": sum(n for _, n in reference),
+        "loss_full_rope": token_mean(reference),
+        "finetune": {"steps": steps, "seeds": list(seeds), "overrides": dict(overrides or {})},
+        "profile_meta": {
+            key: profile.meta.get(key) for key in ("source", "weights", "chunks", "weights_note")
+        },
+        "rows": rows,
+    }
+
+
 def _verdict(low: float, high: float) -> str:
     """Read against the profile's choice: a positive difference is a worse (higher) loss."""
     if low > 0:
@@ -122,8 +205,14 @@ def _verdict(low: float, high: float) -> str:
 
 
 def nope_markdown(result: dict[str, Any]) -> str:
+    tuned = result.get("finetune")
+    how = (
+        f"After a {tuned['steps']}-step fine-tune of each allocation (seeds {tuned['seeds']}), NoPE budgets"
+        if tuned
+        else "Zero-shot NoPE budgets"
+    )
     lines = [
-        f"Zero-shot NoPE budgets on {result['chunks']} {result['split']} chunks ({result['eval_tokens']} tokens); "
+        f"{how} on {result['chunks']} {result['split']} chunks ({result['eval_tokens']} tokens); "
         f"full-RoPE loss {result['loss_full_rope']:.4f}. Δ = loss − the profile's choice's, 95% CI over the chunks.",
         "",
         "| NoPE layers k | allocation | layers without rotation | loss | Δ vs profile | 95% CI | verdict |",

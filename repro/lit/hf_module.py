@@ -32,6 +32,8 @@ class HFCausalLMModule(GPTLightningModule):
         nonfinite: A NaN or inf training loss: 'raise' or 'skip' the step's update.
         nonfinite_check: When the loss is checked: 'every_step', 'deferred' or 'auto' (as for the GPT).
         compile: ``torch.compile`` each part: false, true (inductor) or a backend name.
+        rotary: Per layer, the fraction of its rotary pairs that keep their phase (its highest
+            frequencies; 1.0 as trained, 0.0 none: NoPE); null: every layer as trained. Llama family.
     """
 
     def __init__(
@@ -43,6 +45,7 @@ class HFCausalLMModule(GPTLightningModule):
         nonfinite: Literal["raise", "skip"] = "raise",
         nonfinite_check: Literal["auto", "every_step", "deferred"] = "auto",
         compile: bool | str = False,
+        rotary: list[float] | None = None,
     ) -> None:
         L.LightningModule.__init__(self)
         self._training_options(nonfinite, nonfinite_check, compile)
@@ -53,15 +56,28 @@ class HFCausalLMModule(GPTLightningModule):
             self.model = HFCausalLM(pretrained, attention, tie_embeddings)
         except HFModelError as exc:
             raise ValueError(str(exc)) from None
+        if rotary is not None:
+            self._set_rotary(list(rotary))
         self.save_hyperparameters(
             {
                 "pretrained": str(pretrained),
                 "attention": attention,
                 "tie_embeddings": tie_embeddings,
                 "optim": asdict(self.optim_config),
+                "rotary": None if rotary is None else [float(f) for f in rotary],
             }
         )
         self.eval_loss, self.eval_ppl = MeanMetric(), MeanExp()
+
+    def _set_rotary(self, rotary: list[float]) -> None:
+        n = self.model.n_layer
+        if len(rotary) != n or any(isinstance(f, bool) or not 0.0 <= float(f) <= 1.0 for f in rotary):
+            raise ValueError(
+                f"model.rotary={rotary!r}: give one fraction in [0, 1] per layer ({n} layers), or null"
+            )
+        if self.model.family == "gpt2":
+            raise ValueError("model.rotary: GPT-2 has no rotary phase (learned positions)")
+        self.model.set_rotary(dict(enumerate(float(f) for f in rotary)))
 
     @property
     def gpt_config(self):  # the GPT module's checks read it; an HF model has none

@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     nope = psub.add_parser(
         "nope",
-        help="a pretrained model: test what its phase-off profile predicts, zero-shot",
+        help="a pretrained model: test what its phase-off profile predicts, zero-shot or after a fine-tune",
         description="At each budget of k layers without rotation (NoPE), the layers the profile marks least "
         "dependent against inverse, first-k, last-k, spaced-k, random-k and uniform partial coverage, by the "
         "loss on the test split (paired over its chunks, 95%% CIs).",
@@ -116,6 +116,25 @@ def build_parser() -> argparse.ArgumentParser:
     nope.add_argument("--draws", type=int, default=3, help="random-k: seeded draws (default 3)")
     nope.add_argument("--seed", type=int, default=0, help="random-k: seed of the first draw")
     nope.add_argument("--out", required=True, type=Path, help="output JSON (and a .md table beside it)")
+    nope.add_argument(
+        "--finetune-steps",
+        type=int,
+        default=0,
+        help="fine-tune every allocation (and full RoPE) this many steps before the test, through the run "
+        "engine (runs in <out without .json>/, resumable); 0, the default: zero-shot",
+    )
+    nope.add_argument(
+        "--seeds", type=int, nargs="+", default=[0], help="fine-tune seeds (data order; default 0)"
+    )
+    nope.add_argument(
+        "--finetune-lr", type=float, default=None, help="peak learning rate (default: the config's)"
+    )
+    nope.add_argument(
+        "--finetune-batch-size",
+        type=int,
+        default=None,
+        help="blocks per fine-tune batch (default: the config's)",
+    )
 
     cov = psub.add_parser(
         "coverage",

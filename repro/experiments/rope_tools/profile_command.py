@@ -23,7 +23,7 @@ from repro.alloc.coverage_profile import (
 )
 from repro.alloc.fidelity import coverage_fidelity, format_fidelity, phase_off_fidelity
 from repro.alloc.phase_off_profile import measure_phase_off_profile, reference_spec, train_reference
-from repro.alloc.pretrained_nope import nope_markdown, zero_shot_nope
+from repro.alloc.pretrained_nope import finetuned_nope, nope_markdown, zero_shot_nope
 from repro.alloc.pretrained_profile import measure_pretrained_profile, pretrained_config
 from repro.alloc.profile import LayerProfile
 from repro.experiments.kit.compute_plan import planned_runs, print_plan
@@ -217,14 +217,40 @@ def _zero_shot_nope(args) -> None:
         raise ValueError(
             f"--profile {str(args.profile)!r}: a {profile.kind} profile; give a phase-off profile"
         )
-    result = zero_shot_nope(
-        args.config,
-        profile,
-        args.layers,
-        args.draws,
-        args.seed,
-        progress=count_progress("nope", "evaluations of the test batches"),
-    )
+    if args.finetune_steps:
+        overrides = {"model.optim.warmup_steps": max(1, args.finetune_steps // 8)}  # an eighth of the steps
+        if args.finetune_lr is not None:
+            if not args.finetune_lr > 0:
+                raise ValueError(f"--finetune-lr={args.finetune_lr}: must be > 0")
+            overrides["model.optim.lr"] = args.finetune_lr
+        if args.finetune_batch_size is not None:
+            if args.finetune_batch_size <= 0:
+                raise ValueError(
+                    f"--finetune-batch-size={args.finetune_batch_size}: must be a positive integer"
+                )
+            overrides["data.batch_size"] = args.finetune_batch_size
+        if len(set(args.seeds)) != len(args.seeds) or min(args.seeds) < 0:
+            raise ValueError(f"--seeds {args.seeds}: distinct non-negative integers")
+        result = finetuned_nope(
+            args.config,
+            profile,
+            args.layers,
+            args.finetune_steps,
+            args.out.with_suffix(""),
+            tuple(args.seeds),
+            args.draws,
+            args.seed,
+            overrides,
+        )
+    else:
+        result = zero_shot_nope(
+            args.config,
+            profile,
+            args.layers,
+            args.draws,
+            args.seed,
+            progress=count_progress("nope", "evaluations of the test batches"),
+        )
     write_json_atomic(args.out, result)
     table = nope_markdown(result)
     write_text_atomic(args.out.with_suffix(".md"), table)
