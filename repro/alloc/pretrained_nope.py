@@ -86,35 +86,10 @@ def zero_shot_nope(
 
     model.eval()
     reference = evaluate(None)
-    rows = []
-    for k, plan in plans.items():
-        measured = {name: evaluate(fractions) for name, fractions in plan.items()}
-        base = measured["profile"]
-        for name, chunks in measured.items():
-            diffs = [a - b for (a, _), (b, _) in zip(chunks, base)]
-            mean, low, high = mean_interval(diffs)
-            rows.append(
-                {
-                    "budget": k,
-                    "method": name,
-                    "nope_layers": sorted(layer for layer, f in plan[name].items() if f == 0.0),
-                    "loss": token_mean(chunks),
-                    "increase_over_full_rope": token_mean(chunks) - token_mean(reference),
-                    "delta_vs_profile": None if name == "profile" else mean,
-                    "ci95": None if name == "profile" else [low, high],
-                    "verdict": None if name == "profile" else _verdict(low, high),
-                }
-            )
-    return {
-        "split": split,
-        "chunks": len(batches),
-        "eval_tokens": sum(n for _, n in reference),
-        "loss_full_rope": token_mean(reference),
-        "profile_meta": {
-            key: profile.meta.get(key) for key in ("source", "weights", "chunks", "weights_note")
-        },
-        "rows": rows,
+    measured = {
+        k: {name: evaluate(fractions) for name, fractions in plan.items()} for k, plan in plans.items()
     }
+    return _result(plans, measured, reference, split, profile)
 
 
 def finetuned_nope(
@@ -163,12 +138,25 @@ def finetuned_nope(
             (sum(c[i][0] for c in per_seed) / len(seeds), per_seed[0][i][1]) for i in range(len(per_seed[0]))
         ]
     split = "test" if datamodule.test_set is not datamodule.val_set else "validation (no test split)"
-    reference = measured["full RoPE"]
+    by_budget = {k: {name: measured[f"k{k} {name}"] for name in plan} for k, plan in plans.items()}
+    tuned = {"steps": steps, "seeds": list(seeds), "overrides": dict(overrides or {})}
+    return _result(plans, by_budget, measured["full RoPE"], split, profile, finetune=tuned)
+
+
+def _result(
+    plans: dict[int, dict[str, dict[int, float]]],
+    measured: dict[int, dict[str, list[tuple[float, int]]]],
+    reference: list[tuple[float, int]],
+    split: str,
+    profile: LayerProfile,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The rows of every budget: each allocation's test loss, paired against ``profile``'s."""
     rows = []
     for k, plan in plans.items():
-        base = measured[f"k{k} profile"]
+        base = measured[k]["profile"]
         for name, fractions in plan.items():
-            chunks = measured[f"k{k} {name}"]
+            chunks = measured[k][name]
             mean, low, high = mean_interval([a - b for (a, _), (b, _) in zip(chunks, base)])
             rows.append(
                 {
@@ -187,7 +175,7 @@ def finetuned_nope(
         "chunks": len(reference),
         "eval_tokens": sum(n for _, n in reference),
         "loss_full_rope": token_mean(reference),
-        "finetune": {"steps": steps, "seeds": list(seeds), "overrides": dict(overrides or {})},
+        **extra,
         "profile_meta": {
             key: profile.meta.get(key) for key in ("source", "weights", "chunks", "weights_note")
         },
