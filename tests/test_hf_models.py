@@ -497,3 +497,34 @@ def test_clapping_fine_tunes_a_pretrained_model_end_to_end(models, corpus, tmp_p
     assert set(rows) == {"none", "clapping_fc"}
     assert rows["clapping_fc"]["bytes_total"] < rows["none"]["bytes_total"]
     assert all(0 < r["val_loss"] < 10 for r in rows.values())
+
+
+@pytest.mark.parametrize(
+    "name, untie, untied", [("qwen2", False, False), ("qwen2", True, True), ("llama", False, True)]
+)
+def test_the_clapping_link_column_times_a_pretrained_model_at_its_own_shape(
+    models, tmp_path, name, untie, untied
+):
+    """The measured link column of a pretrained model's grid (the real scale) times a GPT of that
+    model's layers, width, heads and vocabulary, its head untied where the model's is, and every run
+    of it comes back to its table row."""
+    from dataclasses import replace
+
+    import yaml
+
+    from repro.experiments.bench.settings import NetworkRun
+    from repro.experiments.clapping.link_times import bench_settings, run_label
+    from repro.experiments.clapping.plan import plan_rows
+    from repro.experiments.clapping.settings import load_clapping_settings, settings_path
+
+    model = {"pretrained": str(models[name]), **({"tie_embeddings": "untied"} if untie else {})}
+    (tmp_path / "m.yaml").write_text(
+        yaml.safe_dump({"model": model, "data": {"block_size": 16, "batch_size": 4}})
+    )
+    settings = replace(load_clapping_settings(settings_path("real")), model=str(tmp_path / "m.yaml"))
+    bench = bench_settings(settings, plan_rows(settings))
+    assert (bench["n_layer"], bench["n_embd"], bench["n_head"], bench["vocab_size"]) == (4, 32, 4, VOCAB)
+    runs = [NetworkRun(**r) for r in bench["link_runs"]]
+    assert {r.untied for r in runs} == {untied}
+    labels = {r.label.replace(", untied", "") for r in runs}  # how measure_link_times reads them back
+    assert labels == {run_label(row) for row in plan_rows(settings)}

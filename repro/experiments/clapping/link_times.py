@@ -4,8 +4,9 @@ a few steps with its K ranks in K network namespaces joined by veth links shaped
 ``bandwidth_mbps`` (``repro bench --sections link``, run as a command), next to ``none`` on the same
 links and the Amdahl bound from ``none``'s measured split into compute (the same run on unshaped
 links) and link time. The workload is the bench's synthetic one at the model config's shape (its
-layers, width, heads, vocabulary, block and batch, with the grid's K and micro-batches): a step's
-time does not depend on the token values. AQ-SGD is timed after its exact warm-up epoch (the
+layers, width, heads, vocabulary, block and batch, with the grid's K and micro-batches; a
+pretrained model's as a GPT of its shape, head tied or not as the model): a step's time does not
+depend on the token values. AQ-SGD is timed after its exact warm-up epoch (the
 bench's link runs start compressed), so its row is its steady state. Needs root (CAP_NET_ADMIN).
 """
 
@@ -21,7 +22,7 @@ import yaml
 
 from repro.experiments.kit.links import check_links_possible
 from repro.files import read_json
-from repro.runs.model_config import load_model_config
+from repro.runs.model_config import ModelConfig, load_model_config
 
 from .plan import ClappingRow
 from .settings import ClappingSettings, split_compressor
@@ -38,11 +39,37 @@ def run_label(row: ClappingRow) -> str:
     return f"{row.method} {comp}" + (f" p={row.p:g}" if row.p != 1.0 else "") + tied
 
 
+def link_shape(config: ModelConfig) -> tuple[dict[str, int], bool]:
+    """The bench GPT's layers, width, heads and vocabulary, and whether its head is untied: the model
+    config's GPT, or a pretrained model's own (timed as a GPT of that shape: the same messages between
+    stages; the compute of its attention and MLP as a GPT's, e.g. +12 % for SmolLM2's grouped keys)."""
+    if not config.is_pretrained:
+        gpt = config.gpt_config(int(config.data.get("vocab_size") or 256))
+        return {
+            "n_layer": gpt.n_layer,
+            "n_embd": gpt.n_embd,
+            "n_head": gpt.n_head,
+            "vocab_size": gpt.vocab_size,
+        }, False
+    from repro.models.hf_causal_lm import model_folder, num_layers, read_config
+
+    hf = read_config(model_folder(config.pretrained))
+    shape = {
+        "n_layer": num_layers(hf),
+        "n_embd": config.hidden_size,
+        "n_head": int(getattr(hf, "num_attention_heads", None) or hf.n_head),
+        "vocab_size": int(hf.vocab_size),
+    }
+    untied = config.value("model.tie_embeddings") == "untied" or not getattr(hf, "tie_word_embeddings", False)
+    return shape, untied
+
+
 def bench_settings(settings: ClappingSettings, rows: list[ClappingRow]) -> dict[str, Any]:
     """The ``repro bench`` settings that time these rows on links at the grid's shape."""
     config = load_model_config(settings.model)
-    gpt = config.gpt_config(int(config.data.get("vocab_size") or 256))
-    runs, seen = [{"method": "none"}], {"none"}
+    shape, untied = link_shape(config)
+    head = {"untied": True} if untied else {}
+    runs, seen = [{"method": "none", **head}], {"none"}
     for row in rows:
         label = run_label(row)
         if label in seen:
@@ -52,15 +79,13 @@ def bench_settings(settings: ClappingSettings, rows: list[ClappingRow]) -> dict[
         runs.append(
             {"method": row.strategy_method, "fwd_compressor": fwd, "bwd_compressor": bwd, "p": row.p}
             | ({} if row.tied == "identity" else {"tied_compressor": row.tied})
+            | head
         )
     k = settings.stages
     return {
         "preset": "quick",
         "sections": ["link"],
-        "n_layer": gpt.n_layer,
-        "n_embd": gpt.n_embd,
-        "n_head": gpt.n_head,
-        "vocab_size": gpt.vocab_size,
+        **shape,
         "block_size": config.block_size,
         "batch_size": config.batch_size,
         "micro_batches": settings.micro_batches,
@@ -119,7 +144,7 @@ def measure_link_times(
     for r in bench["rows"]:
         if r["section"] != "link":
             continue
-        label = r["name"].split(" @ ")[0]
+        label = r["name"].split(" @ ")[0].replace(", untied", "")  # the rows' model is untied as a whole
         times[label] = {
             "step_s": r["median"],
             "speedup": r["ratio"] if r["reference"] else 1.0,
