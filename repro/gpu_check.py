@@ -3,11 +3,14 @@ minutes on one H200), written as one markdown table to paste into the README:
 
 1. ``make bench-gpu``: the Lightning path against the plain loop, eager and compiled, for
    ``paper_mha`` and ``paper_mla`` (tokens/s, MFU, peak memory);
-2. a shortened ``gpu`` Table 1 (``experiments/table1/gpu_check.yaml``: the MHA half, one seed,
+2. a pipeline run of the Clapping strategy on the GPU (K ranks on K GPUs over NCCL; on one GPU the
+   K ranks share it, their messages through host memory over gloo);
+3. a shortened ``gpu`` Table 1 (``experiments/table1/gpu_check.yaml``: the MHA half, one seed,
    ``--steps``) with its wall time, and the ``--plan`` of the full ``gpu`` scale at the step time
-   measured here;
-3. a pipeline run of the Clapping strategy on the GPU (K ranks on K GPUs over NCCL; on one GPU the
-   K ranks share it, their messages through host memory over gloo).
+   measured here.
+
+A part that fails is recorded (a FAILED row, its traceback in the json and on stderr) and the next
+part still runs; the report is rewritten after each part, so a run cut short keeps what it finished.
 
 Without a CUDA GPU it says so in one line and measures nothing.
 """
@@ -18,6 +21,7 @@ import contextlib
 import io
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -44,37 +48,57 @@ def gpu_check(out: Path, steps: int, quiet: bool = False) -> dict[str, Any]:
         else (lambda m: print(f"[gpu-check {time.perf_counter() - start:5.0f}s] {m}", file=sys.stderr))
     )
     gpus = torch.cuda.device_count()
-    say(f"1/3 make bench-gpu on {torch.cuda.get_device_name(0)} ({gpus} GPU(s))")
-    bench = run_bench(bench_settings("gpu"), out / "bench-gpu", quiet=quiet)
-    say(f"2/3 a shortened gpu Table 1 ({steps} steps) and the plan of the full gpu scale")
-    t0 = time.perf_counter()
-    short = load_table1_settings(EXPERIMENTS_DIR / "table1" / "gpu_check.yaml", steps=steps)
-    table = run_table1(short, out / "table1", quiet=quiet)
-    table_s = time.perf_counter() - t0
-    plan = io.StringIO()
-    with contextlib.redirect_stdout(plan):
-        print_table1_plan(load_table1_settings(EXPERIMENTS_DIR / "table1" / "gpu.yaml"), out / "plan", None)
-    k = max(2, min(4, gpus))
-    say(f"3/3 a pipeline run: K={k} ranks {'over NCCL' if gpus >= k else f'sharing {gpus} GPU(s) over gloo'}")
-    spec = RunSpec.make(
-        "pipeline", out / "pipeline", MODELS_DIR / "smoke" / "table1_target_mha.yaml", 0, 40, 40,
-        {"trainer.limit_val_batches": 2}, {"micro_batches": 2, "method": "clapping_fc", "fwd_compressor": "quant(4)",
-                                          "bwd_compressor": "quant(8)", "p": 0.5}, stages=k,
-    )  # fmt: skip
-    t0 = time.perf_counter()
-    run = train_all([spec], "gpu")[spec.key]
-    pipe_s = time.perf_counter() - t0
-    report = {
-        **provenance_header(),
-        "gpu": torch.cuda.get_device_name(0),
-        "gpus": gpus,
-        "bench": bench["rows"],
-        "table1_short": {"steps": steps, "wall_s": table_s, "runs": table["runs_total"] if table else None},
-        "plan": plan.getvalue().splitlines(),
-        "pipeline": {"stages": k, "wall_s": pipe_s, "val_loss": run.final_val_loss, "summary": run.pipeline},
-        "wall_s": time.perf_counter() - start,
-    }
-    write_report(out, "gpu_check", report, markdown(report))
+    report: dict[str, Any] = {**provenance_header(), "gpu": torch.cuda.get_device_name(0), "gpus": gpus}
+    report.update(bench=[], table1_short=None, plan=[], pipeline=None, failed={})
+
+    def part(name: str, fn: Any) -> None:
+        """Run one part; a failure is recorded (its last line in the table, the whole traceback in
+        the json) and the next part still runs, so one GPU call reports every part it can."""
+        try:
+            fn()
+        except Exception as exc:  # reported, never swallowed
+            report["failed"][name] = traceback.format_exc()
+            say(f"{name} failed: {type(exc).__name__}: {exc}")
+        report["wall_s"] = time.perf_counter() - start
+        write_report(out, "gpu_check", report, markdown(report))  # after each part: a partial report survives
+
+    def bench() -> None:
+        say(f"1/3 make bench-gpu on {report['gpu']} ({gpus} GPU(s))")
+        report["bench"] = run_bench(bench_settings("gpu"), out / "bench-gpu", quiet=quiet)["rows"]
+
+    def table1() -> None:
+        say(f"3/3 a shortened gpu Table 1 ({steps} steps) and the plan of the full gpu scale")
+        t0 = time.perf_counter()
+        short = load_table1_settings(EXPERIMENTS_DIR / "table1" / "gpu_check.yaml", steps=steps)
+        table = run_table1(short, out / "table1", quiet=quiet)
+        report["table1_short"] = {"steps": steps, "wall_s": time.perf_counter() - t0,
+                                  "runs": table["runs_total"] if table else None}  # fmt: skip
+        plan = io.StringIO()
+        with contextlib.redirect_stdout(plan):
+            print_table1_plan(
+                load_table1_settings(EXPERIMENTS_DIR / "table1" / "gpu.yaml"), out / "plan", None
+            )
+        report["plan"] = plan.getvalue().splitlines()
+
+    def pipeline() -> None:
+        k = max(2, min(4, gpus))
+        say(
+            f"2/3 a pipeline run: K={k} ranks {'over NCCL' if gpus >= k else f'sharing {gpus} GPU(s) over gloo'}"
+        )
+        spec = RunSpec.make(
+            "pipeline", out / "pipeline", MODELS_DIR / "smoke" / "table1_target_mha.yaml", 0, 40, 40,
+            {"trainer.limit_val_batches": 2},
+            {"micro_batches": 2, "method": "clapping_fc", "fwd_compressor": "quant(4)", "bwd_compressor": "quant(8)",
+             "p": 0.5}, stages=k,
+        )  # fmt: skip
+        t0 = time.perf_counter()
+        run = train_all([spec], "gpu")[spec.key]
+        report["pipeline"] = {"stages": k, "wall_s": time.perf_counter() - t0, "val_loss": run.final_val_loss,
+                              "summary": run.pipeline}  # fmt: skip
+
+    # the short pipeline run before the long Table 1
+    for name, fn in (("bench-gpu", bench), ("pipeline", pipeline), ("table1", table1)):
+        part(name, fn)
     return report
 
 
@@ -88,18 +112,23 @@ def markdown(r: dict[str, Any]) -> str:
         ratio = f" (x{row['ratio']:.3f} vs {row['reference']})" if row.get("ratio") is not None else ""
         lines.append(f"| bench-gpu | {row['name']} | {row['median']:,.0f} {row['unit']}{extra}{ratio} |")
     t = r["table1_short"]
-    lines.append(
-        f"| Table 1 (gpu, shortened) | {t['runs']} runs of {t['steps']} steps | {t['wall_s'] / 60:.1f} min |"
-    )
+    if t is not None:
+        lines.append(
+            f"| Table 1 (gpu, shortened) | {t['runs']} runs of {t['steps']} steps | {t['wall_s'] / 60:.1f} min |"
+        )
     for line in r["plan"]:
         if "GPU-hours" in line or "wall time on" in line:
             lines.append(f"| --plan (gpu scale, step time measured here) | {line.strip().split(':')[0]} | "
                          f"{line.strip().split(':', 1)[1].strip()} |")  # fmt: skip
     p = r["pipeline"]
-    lines.append(
-        f"| pipeline | clapping_fc quant(4)/quant(8), K={p['stages']}, 40 steps | {p['wall_s']:.0f} s, val loss "
-        f"{p['val_loss']:.4f} |"
-    )
+    if p is not None:
+        lines.append(
+            f"| pipeline | clapping_fc quant(4)/quant(8), K={p['stages']}, 40 steps | {p['wall_s']:.0f} s, val loss "
+            f"{p['val_loss']:.4f} |"
+        )
+    for name, trace in r.get("failed", {}).items():
+        last = trace.strip().splitlines()[-1].replace("|", "/")
+        lines.append(f"| {name} | FAILED | {last[:300]} |")
     return "\n".join(lines) + "\n"
 
 
@@ -118,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     report = gpu_check(args.out, args.steps, args.quiet)
     print(markdown(report), end="")
-    return 0
+    for name, trace in report["failed"].items():
+        print(f"--- {name} failed:\n{trace}", file=sys.stderr)
+    return 1 if report["failed"] else 0
 
 
 if __name__ == "__main__":

@@ -189,3 +189,38 @@ def test_gpu_check_without_a_gpu_is_one_line_and_checks_its_arguments(capsys, tm
         gpu_check(["--steps", "0"])
     assert exit_.value.code == 2 and "--steps 0: must be a positive integer" in capsys.readouterr().err
     assert not list(tmp_path.rglob("*"))
+
+
+def test_gpu_check_records_a_failing_part_and_runs_the_next(capsys, tmp_path, monkeypatch):
+    import json
+
+    import torch
+
+    import repro.experiments.bench.run as bench_run
+    import repro.experiments.table1.run as table1_run
+    import repro.runs as runs
+    from repro.gpu_check import main as gpu_check
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "a stand-in GPU")
+    tried = []
+
+    def fails(name):
+        def part(*args, **kwargs):
+            tried.append(name)
+            raise RuntimeError(f"{name} broke | here")
+
+        return part
+
+    monkeypatch.setattr(bench_run, "run_bench", fails("bench"))
+    monkeypatch.setattr(runs, "train_all", fails("pipeline"))
+    monkeypatch.setattr(table1_run, "run_table1", fails("table1"))
+    assert gpu_check(["--out", str(tmp_path / "out"), "--quiet"]) == 1
+    assert tried == ["bench", "pipeline", "table1"]  # each part ran after the one before it failed
+    report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    assert list(report["failed"]) == ["bench-gpu", "pipeline", "table1"]
+    assert "RuntimeError: table1 broke" in report["failed"]["table1"]  # the whole traceback
+    table = (tmp_path / "out" / "gpu_check.md").read_text()
+    assert "| pipeline | FAILED | RuntimeError: pipeline broke / here |" in table
+    assert "--- table1 failed:" in capsys.readouterr().err
