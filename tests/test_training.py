@@ -87,3 +87,31 @@ def test_checkpoint_restores_the_same_model(tmp_path):
     idx = torch.randint(0, 100, (2, 16))
     module.eval(), restored.eval()
     assert torch.equal(module(idx), restored(idx))
+
+
+def test_a_fused_optimizer_under_bf16_mixed_clips_the_gradient(smoke_datamodule, tmp_path):
+    """Lightning's mixed-precision plugin refuses to clip for a fused optimizer (for fp16's sake);
+    under bf16-mixed, with nothing scaled, the module clips: the one SGD step moves the weights by
+    lr x the clipped norm. (On a GPU every gpu-scale run failed here: fused AdamW is the default.)"""
+    L.seed_everything(0)
+    module = smoke_module(smoke_datamodule.vocab_size)
+    module.optim_config = OptimConfig(
+        name="sgd", lr=1.0, momentum=0.0, weight_decay=0.0, warmup_steps=0, schedule="constant", fused=True
+    )
+    before = [p.detach().clone() for p in module.model.parameters()]
+    trainer = L.Trainer(
+        accelerator="cpu",
+        precision="bf16-mixed",
+        gradient_clip_val=1e-3,
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(module, datamodule=smoke_datamodule)
+    assert trainer.optimizers[0].defaults["fused"]
+    moved = torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p, b in zip(module.model.parameters(), before)))
+    assert 0.5e-3 < float(moved) <= 1.001e-3  # the gradient's norm is far above 1e-3 unclipped

@@ -10,6 +10,8 @@ from typing import Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.utilities import GradClipAlgorithmType
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torchmetrics import MeanMetric
 
@@ -257,6 +259,20 @@ class GPTLightningModule(L.LightningModule):
     def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         return self._evaluate(batch, "test")
 
+    def configure_gradient_clipping(
+        self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None
+    ) -> None:
+        """Lightning's clipping, except for a fused optimizer under mixed precision with no loss scaler
+        (bf16-mixed): Lightning's mixed-precision plugin refuses to clip for any fused optimizer, since
+        under fp16 it would unscale the gradients inside its step; under bf16 nothing is scaled, so
+        clip as the plain precision plugin does (a pipeline strategy's norm over all stages included)."""
+        plugin = self.trainer.precision_plugin
+        if gradient_clip_val and optimizer.defaults.get("fused") and getattr(plugin, "scaler", None) is None:
+            algorithm = GradClipAlgorithmType(gradient_clip_algorithm or "norm")
+            Precision.clip_gradients(plugin, optimizer, float(gradient_clip_val), algorithm)
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
     def configure_optimizers(self):
         cfg = self.optim_config
         decay, no_decay = [], []
@@ -268,7 +284,10 @@ class GPTLightningModule(L.LightningModule):
             {"params": no_decay, "weight_decay": 0.0},
         ]
         device = next(self.model.parameters()).device
-        fused = cfg.fused if cfg.fused is not None else device.type == "cuda"
+        # null: fused on CUDA, except under fp16's loss scaler (a fused optimizer unscales inside its
+        # step, after clipping would have seen scaled gradients)
+        scaled = self._trainer is not None and self.trainer.precision == "16-mixed"
+        fused = cfg.fused if cfg.fused is not None else device.type == "cuda" and not scaled
         if cfg.name == "sgd":
             optimizer = torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, fused=fused or None)
         else:

@@ -168,8 +168,11 @@ def _trainer_kwargs(spec: RunSpec, slot: Slot, recorder: RunRecorder, backend: s
     )
     if spec.stages > 1:
         options = {"start_method": "fork", "process_group_backend": backend, **spec.pipeline_dict()}
+        if slot.accelerator == "gpu":  # one device per stage, a GPU named twice when stages share it
+            options["parallel_devices"] = [torch.device("cuda", i) for i in slot.devices]
         kwargs["strategy"] = ClappingStrategy(**options)
-        kwargs["devices"] = list(slot.devices) if slot.accelerator == "gpu" else spec.stages
+        # Lightning refuses a GPU named twice in devices; the strategy's parallel_devices rule
+        kwargs["devices"] = sorted(set(slot.devices)) if slot.accelerator == "gpu" else spec.stages
     else:
         kwargs["strategy"] = "auto"
         kwargs["devices"] = list(slot.devices) if slot.accelerator == "gpu" else 1
