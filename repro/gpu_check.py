@@ -6,8 +6,8 @@ minutes on one H200), written as one markdown table to paste into the README:
 2. a pipeline run of the Clapping strategy on the GPU (K ranks on K GPUs over NCCL; on one GPU the
    K ranks share it, their messages through host memory over gloo);
 3. a shortened ``gpu`` Table 1 (``experiments/table1/gpu_check.yaml``: the MHA half, one seed,
-   ``--steps``) with its wall time, and the ``--plan`` of the full ``gpu`` scale at the step time
-   measured here.
+   ``--steps``) with its wall time;
+4. the ``--plan`` of the full ``gpu`` scale at a step time measured here.
 
 A part that fails is recorded (a FAILED row, its traceback in the json and on stderr) and the next
 part still runs; the report is rewritten after each part, so a run cut short keeps what it finished.
@@ -63,27 +63,30 @@ def gpu_check(out: Path, steps: int, quiet: bool = False) -> dict[str, Any]:
         write_report(out, "gpu_check", report, markdown(report))  # after each part: a partial report survives
 
     def bench() -> None:
-        say(f"1/3 make bench-gpu on {report['gpu']} ({gpus} GPU(s))")
+        say(f"1/4 make bench-gpu on {report['gpu']} ({gpus} GPU(s))")
         report["bench"] = run_bench(bench_settings("gpu"), out / "bench-gpu", quiet=quiet)["rows"]
 
     def table1() -> None:
-        say(f"3/3 a shortened gpu Table 1 ({steps} steps) and the plan of the full gpu scale")
+        say(f"3/4 a shortened gpu Table 1 ({steps} steps)")
         t0 = time.perf_counter()
         short = load_table1_settings(EXPERIMENTS_DIR / "table1" / "gpu_check.yaml", steps=steps)
         table = run_table1(short, out / "table1", quiet=quiet)
         report["table1_short"] = {"steps": steps, "wall_s": time.perf_counter() - t0,
                                   "runs": table["runs_total"] if table else None}  # fmt: skip
-        plan = io.StringIO()
-        with contextlib.redirect_stdout(plan):
+
+    def plan() -> None:
+        say("4/4 the plan of the full gpu scale (a step time measured here: one compilation first)")
+        lines = io.StringIO()
+        with contextlib.redirect_stdout(lines):
             print_table1_plan(
                 load_table1_settings(EXPERIMENTS_DIR / "table1" / "gpu.yaml"), out / "plan", None
             )
-        report["plan"] = plan.getvalue().splitlines()
+        report["plan"] = lines.getvalue().splitlines()
 
     def pipeline() -> None:
         k = max(2, min(4, gpus))
         say(
-            f"2/3 a pipeline run: K={k} ranks {'over NCCL' if gpus >= k else f'sharing {gpus} GPU(s) over gloo'}"
+            f"2/4 a pipeline run: K={k} ranks {'over NCCL' if gpus >= k else f'sharing {gpus} GPU(s) over gloo'}"
         )
         spec = RunSpec.make(
             "pipeline", out / "pipeline", MODELS_DIR / "smoke" / "table1_target_mha.yaml", 0, 40, 40,
@@ -97,7 +100,7 @@ def gpu_check(out: Path, steps: int, quiet: bool = False) -> dict[str, Any]:
                               "summary": run.pipeline}  # fmt: skip
 
     # the short pipeline run before the long Table 1
-    for name, fn in (("bench-gpu", bench), ("pipeline", pipeline), ("table1", table1)):
+    for name, fn in (("bench-gpu", bench), ("pipeline", pipeline), ("table1", table1), ("plan", plan)):
         part(name, fn)
     return report
 
@@ -109,6 +112,7 @@ def markdown(r: dict[str, Any]) -> str:
         if row["section"] != "compile":
             continue
         extra = f", MFU {100 * row['mfu']:.0f}%" if row.get("mfu") is not None else ""
+        extra += f", peak {row['peak_memory_bytes'] / 2**30:.1f} GiB" if row.get("peak_memory_bytes") else ""
         ratio = f" (x{row['ratio']:.3f} vs {row['reference']})" if row.get("ratio") is not None else ""
         lines.append(f"| bench-gpu | {row['name']} | {row['median']:,.0f} {row['unit']}{extra}{ratio} |")
     t = r["table1_short"]

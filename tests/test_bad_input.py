@@ -197,6 +197,7 @@ def test_gpu_check_records_a_failing_part_and_runs_the_next(capsys, tmp_path, mo
     import torch
 
     import repro.experiments.bench.run as bench_run
+    import repro.experiments.table1.cost as table1_cost
     import repro.experiments.table1.run as table1_run
     import repro.runs as runs
     from repro.gpu_check import main as gpu_check
@@ -216,10 +217,11 @@ def test_gpu_check_records_a_failing_part_and_runs_the_next(capsys, tmp_path, mo
     monkeypatch.setattr(bench_run, "run_bench", fails("bench"))
     monkeypatch.setattr(runs, "train_all", fails("pipeline"))
     monkeypatch.setattr(table1_run, "run_table1", fails("table1"))
+    monkeypatch.setattr(table1_cost, "print_table1_plan", fails("plan"))
     assert gpu_check(["--out", str(tmp_path / "out"), "--quiet"]) == 1
-    assert tried == ["bench", "pipeline", "table1"]  # each part ran after the one before it failed
+    assert tried == ["bench", "pipeline", "table1", "plan"]  # each part ran after the one before it failed
     report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
-    assert list(report["failed"]) == ["bench-gpu", "pipeline", "table1"]
+    assert list(report["failed"]) == ["bench-gpu", "pipeline", "table1", "plan"]
     assert "RuntimeError: table1 broke" in report["failed"]["table1"]  # the whole traceback
     table = (tmp_path / "out" / "gpu_check.md").read_text()
     assert "| pipeline | FAILED | RuntimeError: pipeline broke / here |" in table

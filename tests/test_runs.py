@@ -293,7 +293,8 @@ def test_placement_gives_every_run_a_device_within_its_limits_and_a_failed_run_f
 
 def test_stages_sharing_a_gpu_name_it_once_to_lightning_and_once_per_stage_to_the_strategy(tmp_path):
     """Lightning refuses a GPU named twice in ``devices`` ('Device ID's (GPU) must be unique': the
-    first GPU run of a pipeline failed so); the strategy's parallel_devices give each stage its own."""
+    first GPU run of a pipeline failed so); the strategy's parallel_devices give each stage its own.
+    GPU ranks are spawned: a forked one failed with 'Cannot re-initialize CUDA in forked subprocess'."""
     from repro.runs.build import RunRecorder, _trainer_kwargs
 
     pipe = spec(tmp_path, pipeline={"micro_batches": 2}, stages=4)
@@ -301,5 +302,7 @@ def test_stages_sharing_a_gpu_name_it_once_to_lightning_and_once_per_stage_to_th
     assert kwargs["devices"] == [0, 1]
     assert kwargs["strategy"].parallel_devices == [torch.device("cuda", i) for i in (0, 1, 0, 1)]
     assert kwargs["strategy"].num_processes == 4
+    assert kwargs["strategy"].options.start_method == "spawn"  # CUDA cannot be re-initialized in a fork
     cpu = _trainer_kwargs(pipe, Slot("cpu", (), 1), RunRecorder(pipe), "gloo")
     assert cpu["devices"] == 4 and cpu["strategy"].parallel_devices is None
+    assert cpu["strategy"].options.start_method == "fork"

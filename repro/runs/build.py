@@ -170,6 +170,8 @@ def _trainer_kwargs(spec: RunSpec, slot: Slot, recorder: RunRecorder, backend: s
         options = {"start_method": "fork", "process_group_backend": backend, **spec.pipeline_dict()}
         if slot.accelerator == "gpu":  # one device per stage, a GPU named twice when stages share it
             options["parallel_devices"] = [torch.device("cuda", i) for i in slot.devices]
+            # a forked rank cannot use CUDA once this process has (gpu-check's bench, an earlier run)
+            options["start_method"] = "spawn"
         kwargs["strategy"] = ClappingStrategy(**options)
         # Lightning refuses a GPU named twice in devices; the strategy's parallel_devices rule
         kwargs["devices"] = sorted(set(slot.devices)) if slot.accelerator == "gpu" else spec.stages
