@@ -174,7 +174,7 @@ def test_an_interrupted_coverage_profile_resumes_to_the_same_profile(tmp_path, d
 def test_a_ctrl_c_swallowed_mid_run_still_stops_the_orchestrator():
     """Python drops a KeyboardInterrupt raised inside an at-fork callback ("Exception ignored");
     the orchestrators remember the signal and stop before the next run."""
-    from repro.runs.interrupts import remember_interrupts, stop_if_interrupted
+    from repro.stop import remember_interrupts, stop_if_interrupted
 
     before = signal.getsignal(signal.SIGINT)  # SIG_IGN where the suite runs as a background job
     with remember_interrupts():

@@ -29,7 +29,7 @@ LAYERS = [
         "repro.paths",
         "repro.stats",
         "repro.arguments",
-        "repro.stopping",
+        "repro.stop",
         "repro.network",
         "repro.cores",
         "repro.config_errors",

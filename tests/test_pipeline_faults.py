@@ -328,7 +328,7 @@ def test_every_method_resumes_bitwise(case, corpus, tmp_path):
     from stop_helpers import SignalAt
 
     from repro.lit import FinalCheckpoint
-    from repro.stopping import STOP
+    from repro.stop import STOP
 
     opts = RESUME_CASES[case]
     optim = {"name": "adamw", "lr": 1e-2, "warmup_steps": 2, "schedule": "cosine", "decay_steps": 8}

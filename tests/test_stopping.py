@@ -18,7 +18,7 @@ from test_resume_determinism import small_dm
 
 from repro.lit import FinalCheckpoint
 from repro.lit.commands import main as fit_main
-from repro.stopping import STOP
+from repro.stop import STOP
 
 from conftest import MODELS
 from test_pipeline_strategy import make_module

@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from repro.pipeline.lightning.compat import hpc_save_path, requeue_signal_of, requeue_slurm_job
-from repro.stopping import STOP, Stopped, install_stop
+from repro.stop import STOP, Stopped, install_stop
 
 
 class TokenThroughput(L.Callback):
@@ -48,7 +48,7 @@ class FinalCheckpoint(L.Callback):
     steps), or ``<log_dir>/checkpoints/interrupted.ckpt`` when a signal stops it.
 
     SIGINT (Ctrl-C) and SIGTERM (a scheduler's time limit or preemption) stop the fit at the end of
-    the step under way (``repro.stopping``): every process saves the checkpoint together at that
+    the step under way (``repro.stop``): every process saves the checkpoint together at that
     step boundary, so ``repro fit --config ... --ckpt_path <that file>`` resumes exactly. Under
     SLURM with auto-requeue, its requeue signal (``sbatch --signal=SIGUSR1@90``) saves Lightning's
     ``hpc_ckpt_<n>.ckpt`` instead and requeues the job, which then resumes from it. Another
@@ -75,7 +75,7 @@ class FinalCheckpoint(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.world_size == 1 and STOP.signum is not None and STOP.stopped is None:
-            STOP.stopped = Stopped(STOP.signum, int(trainer.global_step), None)
+            STOP.stop_after(STOP.signum, int(trainer.global_step))
             trainer.should_stop = True
         stopped = STOP.stopped
         if stopped is None or stopped.path is not None:

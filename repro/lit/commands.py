@@ -22,7 +22,7 @@ from repro.cores import busy_machine_line
 from repro.paths import missing_file_message
 from repro.pipeline.lightning import named_strategy_options, register_strategies
 from repro.pipeline.lightning.rendezvous import RendezvousError
-from repro.stopping import STOP, Stopped
+from repro.stop import STOP, Stopped
 
 from .cli import ConfigError, ReproCLI
 from .gpt_module import GPTLightningModule

@@ -31,7 +31,7 @@ from repro.lit.gpt_module import GPTLightningModule
 from repro.lit.hf_module import HFCausalLMModule
 from repro.pipeline.lightning import ClappingStrategy
 from repro.pipeline.lightning.seams import ReportsPipeline
-from repro.stopping import STOP
+from repro.stop import STOP
 
 from .model_config import load_model_config
 from .placement import Slot

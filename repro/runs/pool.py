@@ -20,8 +20,9 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from contextlib import contextmanager
 
+from repro.stop import stop_if_interrupted
+
 from .build import quiet_lightning, train_run
-from .interrupts import stop_if_interrupted
 from .placement import Slot, check_accelerator, pipeline_slots, single_run_slots
 from .spec import RunSpec
 from .store import RunResult, load_finished

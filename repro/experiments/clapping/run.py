@@ -29,10 +29,10 @@ from repro.experiments.kit.links import LinkError, check_links_possible
 from repro.experiments.kit.scale_args import add_scale_args, add_settings_args, parse_experiment_args
 from repro.pipeline.memory import buffer_memory_points
 from repro.runs import Progress, RunResult, check_accelerator, train_all
-from repro.runs.interrupts import interrupted_line, remember_interrupts, stop_if_interrupted
 from repro.runs.model_config import load_model_config
 from repro.runs.provenance import display_path
 from repro.runs.shards import Shard, gather
+from repro.stop import interrupted_line, remember_interrupts, stop_if_interrupted
 
 from .link_times import measure_link_times
 from .plan import ClappingRow, base_spec, clapping_data_use, finetune_data, grid, plan_rows

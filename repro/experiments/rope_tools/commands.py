@@ -27,8 +27,8 @@ from repro.alloc.transfer import transfer_profile
 from repro.files import read_json, write_json_atomic
 from repro.models.config import GPTConfig
 from repro.runs.build import VERBOSE_ENV, quiet_lightning
-from repro.runs.interrupts import interrupted_line
 from repro.runs.model_config import load_model_config, write_model_config
+from repro.stop import interrupted_line
 
 from .command_arguments import build_parser
 from .profile_command import levels_of, print_profile, profile_command, runs_dir_of

@@ -42,8 +42,8 @@ from repro.arguments import Parser
 from repro.dataclass_docs import fields_help
 from repro.experiments.kit.scale_args import add_scale_args, add_settings_args, parse_experiment_args
 from repro.runs import Progress, RunResult, check_accelerator, train_all
-from repro.runs.interrupts import interrupted_line, remember_interrupts
 from repro.runs.shards import Shard, finished_results, gather
+from repro.stop import interrupted_line, remember_interrupts
 
 from .cost import print_table1_plan, table1_data_use
 from .float_spread import float_spread

@@ -25,7 +25,7 @@ from lightning.pytorch.strategies.launchers.subprocess_script import _Subprocess
 from lightning.pytorch.trainer.states import TrainerFn
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
-from repro.stopping import STOP, Stopped
+from repro.stop import STOP, Stopped
 
 # module path -> private names imported from it (checked by missing_symbols)
 PRIVATE_IMPORTS = {

@@ -25,7 +25,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from repro.data.sampler import LazyBatchSampler
 from repro.files import write_json_atomic
-from repro.stopping import STOP, Stopped, install_stop
+from repro.stop import STOP, install_stop
 
 from ..codecs import ChannelCodec, MessageContext
 from ..model_split import LocalModel, clip_global_grad_norm, keep_local_parts
@@ -241,7 +241,7 @@ class ClappingStrategy(PipelineEvaluation, StageProcesses):
                 loss_sum, len(micro), stats, self.root_device, self._stop_signals, STOP.signum
             )
         if stop is not None and STOP.stopped is None:  # every rank stops after this step, together
-            STOP.stopped = Stopped(stop, int(trainer.global_step) + 1, None)
+            STOP.stop_after(stop, int(trainer.global_step) + 1)
             trainer.should_stop = True
         faulty = nonfinite > 0 or not math.isfinite(loss_value)
         to_loggers = logs_this_step(trainer)
@@ -302,7 +302,7 @@ class ClappingStrategy(PipelineEvaluation, StageProcesses):
             self._publish(to_loggers=False)
 
     def on_train_start(self) -> None:
-        """Stop signals end the run at a step boundary (``repro.stopping``): a rank that the fork or
+        """Stop signals end the run at a step boundary (``repro.stop``): a rank that the fork or
         spawn launcher started leaves Ctrl-C to the launching process, which forwards it once."""
         trainer = self.lightning_module.trainer
         role = "rank" if compat.launched_ranks(trainer) else "process"

@@ -12,6 +12,12 @@ Roles: a ``process`` (one process, or a rank started by torchrun or srun, which 
 themselves) stops on any of them; a ``rank`` started by the suite's own fork/spawn launcher
 ignores SIGINT, because Ctrl-C reaches the launching process too, which forwards the stop to its
 ranks as SIGTERM once (``launcher``). Exit codes: 128 + the signal (130 for SIGINT, 143 for SIGTERM).
+
+The orchestrators (Table 1, the Clapping grid, the profiles) run many fits in one process; between
+them ``stop_if_interrupted`` ends the orchestrator on a Ctrl-C even when its exception was lost
+(Python raises KeyboardInterrupt from its SIGINT handler wherever the main thread is; raised inside
+an at-fork callback, as when the fork launcher starts ranks with os.fork, it is printed as
+"Exception ignored" and dropped). ``interrupted_line`` is what an orchestrator prints then.
 """
 
 from __future__ import annotations
@@ -19,7 +25,10 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -52,6 +61,7 @@ class StopRequest:
         self.role = "process"
         self._previous: dict[int, Any] = {}
         self._forwarded = False
+        self.interrupts: list[int] = []  # SIGINTs seen by an orchestrator inside ``remember_interrupts``
 
     def install(self, role: str, extra_signals: tuple[int, ...] = ()) -> None:
         """Record stop signals from now on (the previous handlers are kept for ``restore``)."""
@@ -85,6 +95,17 @@ class StopRequest:
     def requested(self) -> bool:
         return self.signum is not None
 
+    def stop_after(self, signum: int, step: int) -> Stopped:
+        """The stop agreed at a step boundary (one process's own signal, or the signal a pipeline's
+        ranks agreed on): the first agreement stands."""
+        if self.stopped is None:
+            self.stopped = Stopped(signum, step, None)
+        return self.stopped
+
+    def _remember(self, signum, frame) -> None:
+        self.interrupts.append(signum)
+        raise KeyboardInterrupt
+
 
 STOP = StopRequest()  # one per process
 
@@ -94,3 +115,46 @@ def install_stop(role: str, requeue: int | None) -> tuple[int, ...]:
     or None); returns the stop signals in the order ranks agree on them (a requeue first)."""
     STOP.install(role, (requeue,) if requeue is not None else ())
     return tuple(s for s in (requeue, signal.SIGTERM, signal.SIGINT) if s is not None)
+
+
+@contextmanager
+def remember_interrupts() -> Iterator[None]:
+    """Within the block (an orchestrator's runs), SIGINT raises KeyboardInterrupt as usual and is
+    also remembered, so that ``stop_if_interrupted`` sees one whose exception was swallowed."""
+    STOP.interrupts.clear()
+    previous = signal.signal(signal.SIGINT, STOP._remember)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        STOP.interrupts.clear()  # outside the block, nothing is remembered
+
+
+def stop_if_interrupted() -> None:
+    """Raise KeyboardInterrupt when a SIGINT arrived, even one whose exception was swallowed."""
+    if STOP.interrupts:
+        raise KeyboardInterrupt(
+            f"interrupted (signal {STOP.interrupts[0]}); finished runs are kept, rerun to resume"
+        )
+
+
+def finished_runs(out) -> int:
+    """How many finished run results are kept under ``out`` (what a rerun reuses)."""
+    count = 0
+    for path in Path(out).rglob("*.json"):
+        if ".partial" in path.parts:
+            continue
+        try:
+            head = path.read_text()[:4096]
+        except OSError:
+            continue
+        count += '"fingerprint"' in head and '"val_curve"' in head
+    return count
+
+
+def interrupted_line(command: str, out) -> str:
+    """What an experiment prints, in one line, when Ctrl-C (or SIGTERM) stops it."""
+    return (
+        f"repro {command}: interrupted: {finished_runs(out)} finished runs kept in {out}; "
+        f"rerun the same command to resume"
+    )
