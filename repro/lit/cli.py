@@ -11,7 +11,6 @@ field or the file).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import warnings
@@ -256,18 +255,15 @@ class ReproCLI(LightningCLI):
         return trainer
 
     def instantiate_classes(self) -> None:
-        """Build the data, model and trainer; a value that a class refuses is a one-line error. For
-        a pipeline the suite's GPT is built on meta: each rank draws only its own stage's weights."""
+        """Build the data, model and trainer; a value that a class refuses is a one-line error. The
+        suite's GPT is built on meta (its weights drawn later, bit for bit those of a build here, and
+        the random state after it the same): the module's ``configure_model`` draws it whole, or,
+        under a strategy whose ``tensor_init_context`` defers (the pipeline's), each rank its own stage."""
         try:
-            with deferred_init() if self.builds_stages() else contextlib.nullcontext():
+            with deferred_init():
                 super().instantiate_classes()
         except (ValueError, TypeError, FileNotFoundError) as exc:
             raise ConfigError(one_line(exc)) from None
-
-    def builds_stages(self) -> bool:
-        """Whether the trainer of this config cuts the model into pipeline stages."""
-        config = self.config[self.subcommand] if self.subcommand else self.config
-        return _is_pipeline((config.get("trainer") or {}).get("strategy"))
 
     @staticmethod
     def _check_model_config(config) -> None:

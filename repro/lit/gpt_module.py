@@ -17,6 +17,7 @@ from torchmetrics import MeanMetric
 
 from repro.models import GPTConfig
 from repro.models.compiling import check_compile_backend
+from repro.models.deferred_init import deferring
 from repro.models.gpt import GPT
 
 from .checkpoints import check_checkpoint_matches, read_checkpoint
@@ -168,14 +169,18 @@ class GPTLightningModule(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         """Fine-tuning: a fit starts from ``init_checkpoint``'s weights (a resumed fit then restores its
-        own checkpoint over them). A model built deferred draws (or, fine-tuning, copies) its weights
-        here, unless a pipeline strategy has each rank take its own stage's."""
-        from repro.pipeline.lightning import ClappingStrategy
-
+        own checkpoint over them; a model built deferred copies them when it is materialized)."""
         if stage == "fit" and self.init_checkpoint:
             self.load_weights(self.init_checkpoint)
-        if self._trainer is None or not isinstance(self.trainer.strategy, ClappingStrategy):
-            self.model.materialize()
+
+    def configure_model(self) -> None:
+        """Lightning's hook, run inside the strategy's ``tensor_init_context()``. A strategy that
+        builds a model's parts on their own processes (the pipeline's) defers there, and each rank
+        materializes only its own stage; any other has the whole model drawn (or its checkpoint's
+        weights copied) here, on the CPU as it was built: the strategy moves and casts it."""
+        if not deferring():
+            with torch.device("cpu"):
+                self.model.materialize()
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """A state dict into a model still on meta (the launching process of a pipeline, whose ranks

@@ -13,8 +13,10 @@ from dataclasses import asdict
 from typing import Literal
 
 import lightning as L
+import torch
 from torchmetrics import MeanMetric
 
+from repro.models.deferred_init import deferring
 from repro.models.hf_causal_lm import HFCausalLM, HFModelError
 
 from .checkpoints import HF_PREFIX
@@ -83,13 +85,13 @@ class HFCausalLMModule(GPTLightningModule):
     def gpt_config(self):  # the GPT module's checks read it; an HF model has none
         return None
 
-    def setup(self, stage: str) -> None:
-        """The whole model is read here, unless a pipeline strategy reads each stage on its rank."""
-        from repro.pipeline.lightning import ClappingStrategy
-
-        if self._trainer is not None and isinstance(self.trainer.strategy, ClappingStrategy):
+    def configure_model(self) -> None:
+        """The whole model is read here, unless the strategy reads each stage on its own rank (its
+        ``tensor_init_context()`` defers, see ``GPTLightningModule.configure_model``)."""
+        if deferring():
             return
-        self.model.materialize_all()
+        with torch.device("cpu"):
+            self.model.materialize_all()
         if self.compile_backend:
             for part in (self.model.embed, *self.model.layers, self.model.head):
                 part.compile(backend=self.compile_backend)

@@ -129,9 +129,6 @@ class _EngineCLI(ReproCLI):
     def instantiate_trainer(self, **kwargs: Any):
         return super().instantiate_trainer(**{**kwargs, **self._engine_trainer_kwargs})
 
-    def builds_stages(self) -> bool:
-        return isinstance(self._engine_trainer_kwargs.get("strategy"), ClappingStrategy)
-
 
 def cli_args(spec: RunSpec, cache_dir: str | None = None) -> list[str]:
     """The command line of ``repro fit`` that trains this run (apart from logs and devices)."""

@@ -13,9 +13,11 @@ norm over all stages. The options are the fields of :class:`~repro.pipeline.opti
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from repro.data.sampler import LazyBatchSampler
 from repro.files import write_json_atomic
+from repro.models.deferred_init import deferred_init
 from repro.stop import STOP, install_stop
 
 from ..codecs import ChannelCodec, MessageContext
@@ -106,6 +109,13 @@ class ClappingStrategy(PipelineEvaluation, StageProcesses):
         self._stop_signals: tuple[int, ...] = ()  # the signals that stop the run (on_train_start)
 
     # ------------------------------------------------------------------ model split
+    @contextlib.contextmanager
+    def tensor_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
+        """What a module builds in ``configure_model`` is built deferred (on meta, its weights drawn or
+        read later): ``setup`` then materializes this rank's stage alone."""
+        with deferred_init():
+            yield
+
     def setup(self, trainer) -> None:
         assert self.accelerator is not None
         self.accelerator.setup(trainer)
