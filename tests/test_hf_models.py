@@ -248,7 +248,21 @@ def test_repro_profile_phase_off_of_a_pretrained_model_per_layer_and_per_head(
         <= rows[1, "inverse"]["ci95"][1]
     )
     assert (tmp_path / "nope.md").read_text().count("\n| 3 |") == 8
-    # ... and after a short fine-tune of each allocation, with its rotation as allocated in training
+    # ... and after a short fine-tune of each allocation, with its rotation as allocated in training;
+    # first its plan: the runs it would train, each step's tokens at the fine-tune's own batch
+    from repro.alloc.pretrained_nope import finetune_specs
+    from repro.experiments.kit.compute_plan import planned_runs
+
+    _, _, specs = finetune_specs(
+        tmp_path / "hf.yaml", profile, [1], 2, tmp_path, (0, 1), 0, 0, {"data.batch_size": 2}
+    )
+    assert [r.tokens for r in planned_runs(list(specs.values()), 1)] == [2 * 2 * 16] * 14
+    capsys.readouterr()
+    repro("profile", "nope", "--config", str(tmp_path / "hf.yaml"), "--profile", str(out), "--layers", "1",
+          "--draws", "0", "--finetune-steps", "2", "--plan", "--step-time", "0.1",
+          "--out", str(tmp_path / "p.json"))  # fmt: skip
+    assert "nope fine-tunes: 7 runs, 14 optimizer steps" in capsys.readouterr().out
+    assert not (tmp_path / "p.json").exists()
     repro("profile", "nope", "--config", str(tmp_path / "hf.yaml"), "--profile", str(out), "--layers", "1",
           "--draws", "0", "--finetune-steps", "2", "--out", str(tmp_path / "nope_ft.json"))  # fmt: skip
     tuned = json.loads((tmp_path / "nope_ft.json").read_text())

@@ -92,6 +92,38 @@ def zero_shot_nope(
     return _result(plans, measured, reference, split, profile)
 
 
+def finetune_specs(
+    config_path: str | os.PathLike,
+    profile: LayerProfile,
+    budgets: list[int],
+    steps: int,
+    folder: str | os.PathLike,
+    seeds: tuple[int, ...] = (0,),
+    draws: int = 3,
+    seed: int = 0,
+    overrides: dict[str, Any] | None = None,
+) -> tuple[
+    dict[int, dict[str, dict[int, float]]], dict[str, dict[int, float]], dict[tuple[str, int], RunSpec]
+]:
+    """The budgets' allocations, every fine-tune's rotation by name (full RoPE first), and its run per
+    (name, seed) (what ``finetuned_nope`` trains and ``--plan`` counts)."""
+    plans = {k: nope_allocations(profile, k, draws, seed) for k in budgets}
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
+        raise ValueError(f"--finetune-steps={steps!r}: a positive number of steps")
+    n = profile.n_layer
+    named = {"full RoPE": {}} | {f"k{k} {name}": f for k, plan in plans.items() for name, f in plan.items()}
+
+    def spec(name: str, fractions: dict[int, float], s: int) -> RunSpec:
+        slug = name.replace(" ", "-").replace("#", "")
+        rotary = {"model.rotary": [float(fractions.get(i, 1.0)) for i in range(n)]} if fractions else {}
+        return RunSpec.make(
+            f"{slug}-s{s}", folder, config_path, s, steps, steps, {**(overrides or {}), **rotary},
+            save_checkpoint=True, label=f"{name}, seed {s}",
+        )  # fmt: skip
+
+    return plans, named, {(name, s): spec(name, f, s) for name, f in named.items() for s in seeds}
+
+
 def finetuned_nope(
     config_path: str | os.PathLike,
     profile: LayerProfile,
@@ -107,21 +139,9 @@ def finetuned_nope(
 ) -> dict[str, Any]:
     """Every allocation fine-tuned ``steps`` steps (per seed, runs under ``folder``), then its loss on
     the test chunks with its rotation as trained, paired against ``profile``'s fine-tune."""
-    plans = {k: nope_allocations(profile, k, draws, seed) for k in budgets}
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
-        raise ValueError(f"--finetune-steps={steps!r}: a positive number of steps")
-    n = profile.n_layer
-    named = {"full RoPE": {}} | {f"k{k} {name}": f for k, plan in plans.items() for name, f in plan.items()}
-
-    def spec(name: str, fractions: dict[int, float], s: int) -> RunSpec:
-        slug = name.replace(" ", "-").replace("#", "")
-        rotary = {"model.rotary": [float(fractions.get(i, 1.0)) for i in range(n)]} if fractions else {}
-        return RunSpec.make(
-            f"{slug}-s{s}", folder, config_path, s, steps, steps, {**(overrides or {}), **rotary},
-            save_checkpoint=True, label=f"{name}, seed {s}",
-        )  # fmt: skip
-
-    specs = {(name, s): spec(name, f, s) for name, f in named.items() for s in seeds}
+    plans, named, specs = finetune_specs(
+        config_path, profile, budgets, steps, folder, seeds, draws, seed, overrides
+    )
     progress = Progress("nope fine-tune", len(specs), steps * len(specs), 1, quiet)
     results = train_all(list(specs.values()), "cpu", 1, cache_dir, progress)
     measured: dict[str, list[tuple[float, int]]] = {}

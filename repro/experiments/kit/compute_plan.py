@@ -53,6 +53,13 @@ def planned_runs(specs: Sequence[RunSpec], stage: int) -> list[PlannedRun]:
     out = []
     for spec in specs:
         tokens, flops = config_facts(spec.config)
+        shape = {k: v for k, v in spec.override_dict().items() if k in ("data.batch_size", "data.block_size")}
+        if shape:  # the run's own batch: a step's FLOPs scale with its tokens
+            config = load_model_config(spec.config)
+            own = int(shape.get("data.batch_size", config.batch_size)) * int(
+                shape.get("data.block_size", config.block_size)
+            )
+            tokens, flops = own, flops * own / tokens
         out.append(PlannedRun(spec.display, stage, spec.steps, spec.steps * tokens, spec.steps * flops))
     return out
 

@@ -127,6 +127,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--seeds", type=int, nargs="+", default=[0], help="fine-tune seeds (data order; default 0)"
     )
     nope.add_argument(
+        "--plan",
+        action="store_true",
+        help="with --finetune-steps: print the fine-tunes' cost and exit (no training)",
+    )
+    nope.add_argument(
+        "--step-time", type=float, default=None, help="--plan: one GPU's seconds per step of the config"
+    )
+    nope.add_argument(
+        "--accelerator", default="cpu", help="--plan: the device the plan measures a step on (cpu, gpu)"
+    )
+    nope.add_argument(
         "--finetune-lr", type=float, default=None, help="peak learning rate (default: the config's)"
     )
     nope.add_argument(
