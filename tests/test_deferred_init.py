@@ -8,10 +8,11 @@ import pytest
 import torch
 from torch import nn
 
+from repro.lit.stages import GPTStages
 from repro.models import GPTConfig
 from repro.models.deferred_init import InitTrace, deferred_init
 from repro.models.gpt import GPT
-from repro.pipeline.stage_parts import GPTStages, StageSplit, layers_per_stage
+from repro.pipeline.stage_parts import StageSplit, layers_per_stage
 
 CONFIGS = {
     "mha_gqa": dict(attention="mha", rope_dims=[16, 8, 0, 16], n_kv_head=2),

@@ -97,7 +97,8 @@ def test_eager_attention_is_causal_with_the_explicit_mask(models):
 
 
 def test_a_rank_reads_only_its_own_stage_the_others_stay_on_meta(models):
-    from repro.pipeline.stage_parts import HFStages, StageSplit, layers_per_stage
+    from repro.lit.stages import HFStages
+    from repro.pipeline.stage_parts import StageSplit, layers_per_stage
 
     model = HFCausalLM(str(models["qwen2"]))  # tied: the embedding is on stage 0 and stage 1
     parts = HFStages(model).parts()

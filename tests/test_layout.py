@@ -30,24 +30,22 @@ LAYERS = [
         "repro.stats",
         "repro.arguments",
         "repro.stop",
+        "repro.compile_option",
         "repro.network",
         "repro.cores",
         "repro.config_errors",
     },
-    {"repro.models"},
-    {"repro.data", "repro.pipeline"},
+    {"repro.lightning_compat"},  # every private Lightning touch (it forwards stops: repro.stop)
+    {"repro.models", "repro.data", "repro.pipeline"},  # siblings: none imports another
     {"repro.lit", "repro.pipeline.lightning"},
     {"repro.runs"},
     {"repro.alloc"},
     {"repro.experiments", "repro.results"},
     {"repro.cli", "repro"},
 ]
-# allowed between siblings of one layer (a plain-torch model split needs the plain GPT)
-SIBLINGS = {
-    ("repro.pipeline", "repro.models"),
-    ("repro.pipeline.lightning", "repro.data"),
-    ("repro.lit", "repro.pipeline.lightning"),
-}
+# imports allowed between siblings of one layer: none (DESIGN.md: the modules know nothing of the
+# pipeline, the pipeline no concrete model; lit and pipeline.lightning meet only through Lightning)
+SIBLINGS: set[tuple[str, str]] = set()
 
 
 def module_name(path: Path) -> str:
@@ -162,7 +160,7 @@ def test_experiments_never_import_each_other():
 
 
 def test_lightning_private_api_is_imported_only_by_the_compat_module():
-    compat = PACKAGE / "pipeline" / "lightning" / "compat.py"
+    compat = PACKAGE / "lightning_compat.py"
     wrong = []
     for path in PACKAGE.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -177,13 +175,13 @@ def test_lightning_private_api_is_imported_only_by_the_compat_module():
                     wrong.append(
                         f"{path.relative_to(REPO_ROOT)}:{node.lineno} imports {private} from {node.module}"
                     )
-    assert not wrong, "private Lightning imports outside compat.py:\n" + "\n".join(wrong)
+    assert not wrong, "private Lightning imports outside lightning_compat.py:\n" + "\n".join(wrong)
 
 
 def test_the_private_lightning_symbols_the_compat_module_needs_exist():
-    from repro.pipeline.lightning import compat
+    from repro import lightning_compat as compat
 
-    assert compat.missing_symbols() == [], "Lightning moved these; update repro/pipeline/lightning/compat.py"
+    assert compat.missing_symbols() == [], "Lightning moved these; update repro/lightning_compat.py"
 
 
 def test_no_module_is_much_longer_than_300_lines():

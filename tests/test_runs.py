@@ -115,7 +115,7 @@ def test_a_stop_signal_after_the_last_step_keeps_the_run_and_stops_the_experimen
     """A stop signal that reaches a pipeline's launcher after its ranks' last step boundary (or
     before its ranks exist) stops no step: the finished run is kept, and the experiment still stops
     after it (it once went on to the next run as if nothing had come)."""
-    from repro.pipeline.lightning.compat import FullModelLauncher
+    from repro.lightning_compat import FullModelLauncher
 
     original = FullModelLauncher.update_main_process_results
 

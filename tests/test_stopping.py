@@ -16,8 +16,8 @@ import torch
 from stop_helpers import LossLog, SignalAt, read_losses
 from test_resume_determinism import small_dm
 
+from repro.fit_command import main as fit_main
 from repro.lit import FinalCheckpoint
-from repro.lit.commands import main as fit_main
 from repro.stop import STOP
 
 from conftest import MODELS

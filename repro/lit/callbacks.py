@@ -10,7 +10,7 @@ import lightning as L
 from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from repro.pipeline.lightning.compat import hpc_save_path, requeue_signal_of, requeue_slurm_job
+from repro.lightning_compat import hpc_save_path, requeue_signal_of, requeue_slurm_job
 from repro.stop import STOP, Stopped, install_stop
 
 

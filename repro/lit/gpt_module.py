@@ -15,12 +15,13 @@ from lightning.pytorch.utilities import GradClipAlgorithmType
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torchmetrics import MeanMetric
 
+from repro.compile_option import check_compile_backend
 from repro.models import GPTConfig
-from repro.models.compiling import check_compile_backend
 from repro.models.deferred_init import deferring
 from repro.models.gpt import GPT
 
 from .checkpoints import check_checkpoint_matches, read_checkpoint
+from .stages import GPTStages
 
 
 @dataclass
@@ -181,6 +182,10 @@ class GPTLightningModule(L.LightningModule):
         if not deferring():
             with torch.device("cpu"):
                 self.model.materialize()
+
+    def pipeline_stages(self) -> GPTStages:
+        """The model cut into pipeline stages (embedding, blocks, final norm and head)."""
+        return GPTStages(self.model)
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """A state dict into a model still on meta (the launching process of a pipeline, whose ranks

@@ -21,6 +21,7 @@ from repro.models.hf_causal_lm import HFCausalLM, HFModelError
 
 from .checkpoints import HF_PREFIX
 from .gpt_module import GPTLightningModule, MeanExp, OptimConfig
+from .stages import HFStages
 
 
 class HFCausalLMModule(GPTLightningModule):
@@ -103,7 +104,6 @@ class HFCausalLMModule(GPTLightningModule):
             self.model.materialize_all(lambda name: state_dict[HF_PREFIX + name])
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
-    def pipeline_stages(self):
-        from repro.pipeline.stage_parts import HFStages
-
+    def pipeline_stages(self) -> HFStages:
+        """The model cut into pipeline stages (embedding, decoder layers, norm and head)."""
         return HFStages(self.model)

@@ -6,13 +6,12 @@ into stages. The Lightning strategy built on it is ``repro.pipeline.lightning``.
 from .codecs import METHODS, ChannelCodec, MessageContext
 from .compressors import build_compressor
 from .runner import NonFiniteError
-from .stage_parts import GPTStages, StageAdapter, StageParts, stage_adapter_for
+from .stage_parts import StageAdapter, StageParts, stage_adapter_for
 from .transport import PipelineTimeout
 
 __all__ = [
     "METHODS",
     "ChannelCodec",
-    "GPTStages",
     "MessageContext",
     "NonFiniteError",
     "PipelineTimeout",

@@ -9,8 +9,8 @@ import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
+from repro.compile_option import check_compile_backend
 from repro.dataclass_docs import field_comments
-from repro.models.compiling import check_compile_backend
 
 from .codecs import METHODS
 from .compressors import Compressor, build_compressor

@@ -1,16 +1,15 @@
 """How a model is cut into pipeline stages: the parts, how they are split over the stages, and
-the one adapter that cuts the suite's GPT.
+the protocol of the adapter that cuts a model.
 
 A model is an ordered list of parts: ``first`` (stage 0, e.g. the embedding), ``layers`` (split
 over the stages by count) and ``last`` (the last stage, e.g. final norm and head). Each part maps
 the previous part's output tensor to its own. A :class:`StageAdapter` says what those parts are
 for a trained module, what the first part reads from a batch, and how the loss is computed.
 
-- :class:`GPTStages` is the adapter of a plain :class:`repro.models.GPT` (batches with
-  ``input_ids`` and ``targets``). The Lightning strategy and the bench's
-  ``torch.distributed.pipelining`` comparison both cut the GPT with it.
-- Any other model: give the LightningModule a method ``pipeline_stages() -> StageAdapter``
-  (see :func:`stage_adapter_for`).
+A LightningModule gives its adapter by a method ``pipeline_stages() -> StageAdapter`` (see
+:func:`stage_adapter_for`). No concrete model is cut here: the suite's adapters live beside their
+modules (``repro.lit.stages``: ``GPTStages`` of the suite's GPT, ``HFStages`` of a Hugging Face
+causal LM), and the strategy knows them only through this protocol.
 """
 
 from __future__ import annotations
@@ -21,8 +20,6 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
-
-from repro.models.gpt import GPT
 
 
 @dataclass
@@ -69,35 +66,6 @@ class ModelPart(nn.Module):
         return self.run(x)
 
 
-class GPTStages:
-    """The stage adapter of the suite's GPT: embedding, the blocks, final norm and head; batches
-    are dicts with ``input_ids`` and ``targets`` (-100 = ignored)."""
-
-    def __init__(self, gpt: GPT) -> None:
-        self.gpt = gpt
-
-    def parts(self) -> StageParts:
-        gpt = self.gpt
-        return StageParts(
-            first=ModelPart({"wte": gpt.wte, "drop": gpt.drop}, gpt.embed),
-            layers=list(gpt.blocks),
-            last=ModelPart({"norm_f": gpt.norm_f, "lm_head": gpt.lm_head}, gpt.head),
-        )
-
-    def materialize(self, modules: list[nn.Module]) -> None:
-        """A GPT built deferred (on meta) draws its seed-built weights of these parts only."""
-        self.gpt.materialize(modules)
-
-    def input(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return batch["input_ids"]
-
-    def loss(self, output: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return GPT.loss(output, batch["targets"])
-
-    def weight(self, batch: dict[str, torch.Tensor]) -> int:
-        return int((batch["targets"] != -100).sum())
-
-
 @runtime_checkable
 class MaterializesStages(Protocol):
     """An adapter whose model is built without its weights (on the meta device): the strategy asks
@@ -106,52 +74,26 @@ class MaterializesStages(Protocol):
     def materialize(self, modules: list[nn.Module]) -> None: ...
 
 
-class HFStages:
-    """The stage adapter of a Hugging Face causal LM (``repro.models.hf_causal_lm``): embedding,
-    decoder layers (each with its rotary embeddings and causal mask), final norm and head; each
-    rank reads only its own stage's tensors."""
-
-    def __init__(self, model) -> None:
-        self.model = model
-
-    def parts(self) -> StageParts:
-        first, layers, last = self.model.parts()
-        return StageParts(first=first, layers=layers, last=last)
-
-    def materialize(self, modules: list[nn.Module]) -> None:
-        self.model.materialize(modules)
-
-    def input(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return batch["input_ids"]
-
-    def loss(self, output: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.model.loss(output, batch["targets"])
-
-    def weight(self, batch: dict[str, torch.Tensor]) -> int:
-        return int((batch["targets"] != -100).sum())
-
-
 def stage_adapter_for(module: object) -> StageAdapter:
-    """The adapter of a LightningModule: its own ``pipeline_stages()``, or :class:`GPTStages` when
-    its ``model`` attribute is a suite GPT; anything else is refused with what to implement."""
+    """The adapter a LightningModule returns from its ``pipeline_stages()`` (checked against the
+    protocol); a module without one is refused with what to implement."""
     own = getattr(module, "pipeline_stages", None)
-    if callable(own):
-        adapter = own()
-        missing = [PROTOCOL[name] for name in PROTOCOL if not callable(getattr(adapter, name, None))]
-        if missing:
-            raise TypeError(
-                f"{type(module).__name__}.pipeline_stages() returned a {type(adapter).__name__}, which lacks "
-                f"{' and '.join(missing)}; a stage adapter has {', '.join(PROTOCOL.values())} "
-                f"(docs/strategy.md, 'Your own LightningModule')"
-            )
-        return adapter
-    if isinstance(getattr(module, "model", None), GPT):
-        return GPTStages(module.model)
-    raise TypeError(
-        f"{type(module).__name__} does not implement the pipeline stage protocol: give it a method "
-        f"pipeline_stages() returning a stage adapter ({', '.join(PROTOCOL.values())}), or a `model` attribute "
-        f"that is a repro.models.GPT (docs/strategy.md, 'Your own LightningModule')"
-    )
+    if not callable(own):
+        raise TypeError(
+            f"{type(module).__name__} does not implement the pipeline stage protocol: give it a method "
+            f"pipeline_stages() returning a stage adapter ({', '.join(PROTOCOL.values())}); for a suite GPT "
+            f"as its model, `return GPTStages(self.model)` (repro.lit.stages; docs/strategy.md, 'Your own "
+            f"LightningModule')"
+        )
+    adapter = own()
+    missing = [PROTOCOL[name] for name in PROTOCOL if not callable(getattr(adapter, name, None))]
+    if missing:
+        raise TypeError(
+            f"{type(module).__name__}.pipeline_stages() returned a {type(adapter).__name__}, which lacks "
+            f"{' and '.join(missing)}; a stage adapter has {', '.join(PROTOCOL.values())} "
+            f"(docs/strategy.md, 'Your own LightningModule')"
+        )
+    return adapter
 
 
 def layers_per_stage(n_layers: int, n_stages: int, explicit: Sequence[int] | None = None) -> list[int]:

@@ -47,8 +47,9 @@ def tiny_llama(s: BenchSettings, folder: Path) -> Path:
 def stage_bytes(folder: Path, stages: int) -> tuple[list[int], int]:
     """(parameter bytes each rank reads, bytes of the whole model), by materializing each stage's
     parts alone in a model built on the meta device."""
+    from repro.lit.stages import HFStages
     from repro.models.hf_causal_lm import HFCausalLM
-    from repro.pipeline.stage_parts import HFStages, StageSplit, layers_per_stage
+    from repro.pipeline.stage_parts import StageSplit, layers_per_stage
 
     per_rank = []
     for rank in range(stages):

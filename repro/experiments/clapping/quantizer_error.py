@@ -11,8 +11,9 @@ from typing import Any
 import torch
 
 from repro.lit.checkpoints import load_checked_model
+from repro.lit.stages import GPTStages
 from repro.pipeline.compressors import QUANT_GRIDS, Quantize
-from repro.pipeline.stage_parts import GPTStages, layers_per_stage
+from repro.pipeline.stage_parts import layers_per_stage
 
 
 def boundary_messages(checkpoint: str, batch: dict[str, torch.Tensor], stages: int, micro_batches: int):

@@ -1,6 +1,6 @@
 """The Lightning integration of the pipeline library: ``ClappingStrategy`` (strategy.py), its step
-statistics (step_report.py), checkpoints (checkpoint.py), and the one module that touches
-Lightning's private API (compat.py)."""
+statistics (step_report.py) and checkpoints (checkpoint.py); Lightning's private API is touched in
+``repro/lightning_compat.py`` alone."""
 
 from collections.abc import Callable
 

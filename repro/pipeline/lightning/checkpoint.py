@@ -9,7 +9,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from . import compat
+from repro import lightning_compat as compat
 
 
 def gather_objects(obj: Any, world_size: int, is_global_zero: bool, group) -> list[Any] | None:

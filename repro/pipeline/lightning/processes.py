@@ -15,11 +15,11 @@ from lightning.pytorch.strategies.parallel import ParallelStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero_only
 
+from repro import lightning_compat as compat
 from repro.cores import threads_per_process
 
 from ..options import PipelineOptions
 from ..watchdog import exit_when_parent_dies
-from . import compat
 from .rendezvous import choose_gloo_interface, rendezvous_failed
 
 

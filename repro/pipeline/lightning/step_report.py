@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from repro import lightning_compat as compat
+
 from ..runner import StepStats
-from . import compat
 
 STAT_FIELDS = ("payload_bytes", "raw_bytes", "rel_error_sum", "messages", "nonfinite")
 

@@ -25,6 +25,7 @@ import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+from repro import lightning_compat as compat
 from repro.data.sampler import LazyBatchSampler
 from repro.files import write_json_atomic
 from repro.models.deferred_init import deferred_init
@@ -46,7 +47,7 @@ from ..stage_parts import (
 from ..tied_gradients import TiedGradients
 from ..timeline import Timeline
 from ..transport import StageLinks, stage_collectives
-from . import checkpoint, compat
+from . import checkpoint
 from .evaluation import PipelineEvaluation
 from .loader import check_reuse, training_loader
 from .processes import StageProcesses
@@ -111,8 +112,7 @@ class ClappingStrategy(PipelineEvaluation, StageProcesses):
     # ------------------------------------------------------------------ model split
     @contextlib.contextmanager
     def tensor_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
-        """What a module builds in ``configure_model`` is built deferred (on meta, its weights drawn or
-        read later): ``setup`` then materializes this rank's stage alone."""
+        """A module's ``configure_model`` defers here: ``setup`` materializes this rank's stage alone."""
         with deferred_init():
             yield
 

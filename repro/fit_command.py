@@ -19,14 +19,13 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from repro.config_errors import one_line
 from repro.cores import busy_machine_line
+from repro.lit.cli import ConfigError, ReproCLI
+from repro.lit.gpt_module import GPTLightningModule
+from repro.lit.hf_module import HFCausalLMModule
 from repro.paths import missing_file_message
 from repro.pipeline.lightning import named_strategy_options, register_strategies
 from repro.pipeline.lightning.rendezvous import RendezvousError
 from repro.stop import STOP, Stopped
-
-from .cli import ConfigError, ReproCLI
-from .gpt_module import GPTLightningModule
-from .hf_module import HFCausalLMModule
 
 # every parser of the command (main and subcommands) raises instead of printing usage and exiting
 _STRICT = {"exit_on_error": False, "allow_abbrev": False}
