@@ -11,6 +11,7 @@ field or the file).
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import warnings
@@ -20,14 +21,14 @@ import torch
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.strategies import StrategyRegistry
 
 from repro.config_errors import one_line
 from repro.data import TextDataModule
 from repro.data.datamodule import ExistingPath
 from repro.models import GPTConfig
 from repro.models.deferred_init import deferred_init
-from repro.models.hf_causal_lm import HFModelError, model_folder, num_layers, read_config
-from repro.pipeline.options import PipelineOptions
+from repro.models.hf_causal_lm import HFModelError, model_folder
 
 from .callbacks import FinalCheckpoint, counting_steps
 from .checkpoints import check_checkpoint_matches, read_checkpoint
@@ -51,47 +52,8 @@ def _model_folder(location):
         raise ConfigError(str(exc)) from None
 
 
-def _pretrained_layers(config) -> int | None:
-    """The decoder layers of ``model.pretrained`` (a local folder's config.json), if any."""
-    location = (config.get("model") or {}).get("pretrained")
-    if not location:
-        return None
-    try:
-        return num_layers(read_config(model_folder(location)))
-    except HFModelError as exc:
-        raise ConfigError(str(exc)) from None
-
-
-def check_external_launch(processes: int, devices: int, nodes: int, env=None) -> None:
-    """Under torchrun or srun, the processes it started must be the run's devices x num_nodes."""
-    env = os.environ if env is None else env
-    if "TORCHELASTIC_RUN_ID" in env and "WORLD_SIZE" in env:
-        launcher, world = "torchrun", int(env["WORLD_SIZE"])
-        local = int(env.get("LOCAL_WORLD_SIZE", world))
-    elif "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
-        launcher, world = "srun", int(env["SLURM_NTASKS"])
-        local = int(env.get("SLURM_NTASKS_PER_NODE", "0").split("(")[0] or 0) or max(
-            1, world // int(env.get("SLURM_NNODES", "1"))
-        )
-    else:
-        return
-    if world != processes:
-        size = "WORLD_SIZE" if launcher == "torchrun" else "SLURM_NTASKS"
-        raise ConfigError(
-            f"{launcher} started {size}={world} processes ({local} per node), but trainer.devices={devices} x "
-            f"trainer.num_nodes={nodes} = {processes}; pass --trainer.devices={local} "
-            f"--trainer.num_nodes={max(1, world // max(local, 1))}"
-        )
-
-
 def _gpt_fields(gpt) -> dict:
     return dict(gpt.as_dict() if hasattr(gpt, "as_dict") else gpt)
-
-
-def _is_pipeline(strategy) -> bool:
-    """Whether a trainer.strategy value of a config (a name or a class_path mapping) is the clapping strategy."""
-    name = strategy if isinstance(strategy, str) else (strategy or {}).get("class_path", "")
-    return "clapping" in str(name).lower()
 
 
 # Lightning's lines that say nothing about a run (hidden unless -v / REPRO_VERBOSE)
@@ -165,7 +127,7 @@ class ReproCLI(LightningCLI):
             )
         if trainer.get("precision") is None:
             trainer["precision"] = default_precision(accelerator)
-        self._check_pipeline_stages(config)
+        self._check_strategy_config(config)
         logger = trainer.get("logger")
         if (
             self.subcommand == "fit"
@@ -200,40 +162,31 @@ class ReproCLI(LightningCLI):
         return out
 
     @staticmethod
-    def _check_pipeline_stages(config) -> None:
-        """What a pipeline run needs, checked here, before its K processes start: a layer per stage,
-        a batch that splits into the micro-batches, the stages the processes give, and (under
-        torchrun) as many processes as torchrun started."""
-        trainer, gpt = config.get("trainer") or {}, config.get("model", {}).get("gpt")
+    def _check_strategy_config(config) -> None:
+        """A strategy class may check the run's config before any of its processes starts: its
+        ``check_config(config, options)`` (the pipeline's: a layer per stage, micro-batches, the
+        launcher's processes). The class is found from the config (a registered name or a
+        class_path), never by matching its name."""
+        trainer = config.get("trainer") or {}
         strategy = trainer.get("strategy")
-        devices, nodes = trainer.get("devices"), trainer.get("num_nodes") or 1
-        devices = int(devices) if isinstance(devices, str) and devices.isdigit() else devices
-        if not _is_pipeline(strategy) or not isinstance(devices, int):
+        if isinstance(strategy, str):
+            entry = dict.get(StrategyRegistry, strategy)  # (the registry's own get() builds the strategy)
+            cls, options = (entry["strategy"], dict(entry["init_params"])) if entry else (None, {})
+        elif strategy is not None and strategy.get("class_path"):
+            module, _, name = str(strategy["class_path"]).rpartition(".")
+            try:
+                cls = getattr(importlib.import_module(module), name)
+            except (ImportError, AttributeError, ValueError):
+                return  # jsonargparse names a class it cannot import
+            options = dict(strategy.get("init_args") or {})
+        else:
             return
-        processes = devices * nodes
-        check_external_launch(processes, devices, nodes)
-        options = dict((strategy.get("init_args") or {}) if not isinstance(strategy, str) else {})
-        micro = options.get("micro_batches") or PipelineOptions().micro_batches
-        batch = (config.get("data") or {}).get("batch_size")
-        if isinstance(batch, int) and isinstance(micro, int) and batch % micro:
-            raise ConfigError(
-                f"data.batch_size={batch} does not split into trainer.strategy micro_batches={micro} equal "
-                f"micro-batches; choose a batch size divisible by {micro} (or other micro_batches)"
-            )
-        stages = options.get("stages")
-        if isinstance(stages, int) and stages != processes:
-            raise ConfigError(
-                f"trainer.strategy stages={stages}, but trainer.devices={devices} x trainer.num_nodes={nodes} gives "
-                f"{processes} processes; the pipeline needs one process per stage: set trainer.devices={stages} "
-                f"(or leave stages unset)"
-            )
-        n_layer = _gpt_fields(gpt).get("n_layer") if gpt is not None else _pretrained_layers(config)
-        if isinstance(n_layer, int) and processes > n_layer:
-            what = "model.gpt.n_layer" if gpt is not None else "the pretrained model's layers"
-            raise ConfigError(
-                f"trainer.devices={devices}: the pipeline has one stage per process, but {what}={n_layer}; "
-                f"use at most {n_layer} devices (or a deeper model)"
-            )
+        check = getattr(cls, "check_config", None)
+        if callable(check):
+            try:
+                check(config, options)
+            except ValueError as exc:
+                raise ConfigError(one_line(exc)) from None
 
     def instantiate_trainer(self, **kwargs):
         """The trainer; ``repro fit`` always has a ``FinalCheckpoint`` (the checkpoint a stop signal

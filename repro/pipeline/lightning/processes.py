@@ -21,6 +21,7 @@ from repro.cores import threads_per_process
 from ..options import PipelineOptions
 from ..watchdog import exit_when_parent_dies
 from .rendezvous import choose_gloo_interface, rendezvous_failed
+from .run_checks import check_pipeline_config
 
 
 class StageProcesses(ParallelStrategy):
@@ -29,6 +30,7 @@ class StageProcesses(ParallelStrategy):
     options: PipelineOptions
     _groups: dict[str, Any]
     _num_nodes: int
+    check_config = staticmethod(check_pipeline_config)  # a run's config, checked before its processes start
 
     @property
     def root_device(self) -> torch.device:

@@ -383,7 +383,6 @@ class ClappingStrategy(PipelineEvaluation, StageProcesses):
     def load_optimizer_state_dict(self, ckpt) -> None:
         checkpoint.load_stage_optimizer_states(self, ckpt)
 
-    # ------------------------------------------------------------------ inspection (tests, tools)
     def buffer_digests(self) -> dict[str, str]:
         """{'b<boundary>_<direction>_<role>': sha256 of the buffers} of this rank's channel ends."""
         return {f"b{c.boundary}_{d}_{r}": c.digest() for (d, r), c in self.codecs.items()}
