@@ -75,7 +75,7 @@ class Recorder(L.Callback):
         if isinstance(s, ClappingStrategy):
             record.update(
                 sent=dict(s.runner.links.counters.bytes_sent),
-                totals=s.totals.state_dict(),
+                totals=s.state.totals.state_dict(),
                 metrics={k: float(v) for k, v in trainer.callback_metrics.items()},
             )
         torch.save(record, self.out / f"rank{trainer.global_rank}.pt")

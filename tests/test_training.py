@@ -33,6 +33,14 @@ def smoke_module(vocab_size: int, attention: str = "mha") -> GPTLightningModule:
     return GPTLightningModule(gpt, OptimConfig(lr=3e-3, warmup_steps=5, decay_steps=40))
 
 
+def quiet_trainer(root, **kwargs) -> L.Trainer:
+    """A CPU Trainer that writes and prints nothing but what the test asks for (no validation)."""
+    off = dict(
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False
+    )
+    return L.Trainer(accelerator="cpu", limit_val_batches=0, default_root_dir=root, **off, **kwargs)
+
+
 def held_out_loss(module: GPTLightningModule, batch: dict) -> float:
     module.eval()
     with torch.no_grad():
@@ -48,16 +56,7 @@ def test_a_few_optimizer_steps_lower_the_loss(smoke_datamodule, tmp_path, attent
     batch = next(iter(smoke_datamodule.val_dataloader()))
     before = held_out_loss(module, batch)
     assert abs(before - math.log(smoke_datamodule.vocab_size)) < 0.3  # an untrained model is near uniform
-    trainer = L.Trainer(
-        accelerator="cpu",
-        max_steps=40,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        default_root_dir=tmp_path,
-    )
+    trainer = quiet_trainer(tmp_path, max_steps=40)
     trainer.fit(module, datamodule=smoke_datamodule)
     after = held_out_loss(module, batch)
     assert trainer.global_step == 40
@@ -99,18 +98,7 @@ def test_a_fused_optimizer_under_bf16_mixed_clips_the_gradient(smoke_datamodule,
         name="sgd", lr=1.0, momentum=0.0, weight_decay=0.0, warmup_steps=0, schedule="constant", fused=True
     )
     before = [p.detach().clone() for p in module.model.parameters()]
-    trainer = L.Trainer(
-        accelerator="cpu",
-        precision="bf16-mixed",
-        gradient_clip_val=1e-3,
-        max_steps=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        default_root_dir=tmp_path,
-    )
+    trainer = quiet_trainer(tmp_path, max_steps=1, precision="bf16-mixed", gradient_clip_val=1e-3)
     trainer.fit(module, datamodule=smoke_datamodule)
     assert trainer.optimizers[0].defaults["fused"]
     moved = torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p, b in zip(module.model.parameters(), before)))

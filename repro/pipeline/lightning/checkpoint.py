@@ -36,7 +36,7 @@ TIED = "tied"  # the entry of a rank's codec states that holds its tied sums' er
 
 def pipeline_state(strategy, with_sample_rows: bool) -> dict[str, Any] | None:
     """The ``clapping`` entry of a checkpoint (a collective; rank 0 gets it, others None)."""
-    rank_state = {f"{d}:{r}": c.state_dict(with_sample_rows) for (d, r), c in strategy.codecs.items()}
+    rank_state = strategy.state.rank_codec_states(with_sample_rows)
     if strategy.tied is not None and strategy.tied.errors:  # the tied sums' error feedback
         rank_state[TIED] = strategy.tied.state_dict()
     gathered = gather_objects(rank_state, strategy.world_size, strategy.is_global_zero, strategy.object_group)
@@ -46,10 +46,8 @@ def pipeline_state(strategy, with_sample_rows: bool) -> dict[str, Any] | None:
         "num_stages": strategy.num_stages,
         "layers_per_stage": strategy.split.counts if strategy.split else None,
         "options": strategy.options.as_dict(),
-        "steps_done": strategy.steps_done,
-        "sampler": strategy.sampler.state_dict(strategy.steps_done) if strategy.sampler is not None else None,
+        **strategy.state.state_dict(),  # steps_done, sampler, totals
         "codecs": gathered,
-        "totals": strategy.totals.state_dict(),
     }
 
 
@@ -80,25 +78,17 @@ def stage_optimizer_states(strategy, optimizer) -> dict[str, Any]:
 
 
 def restore_pipeline_state(strategy, ckpt: dict[str, Any], path) -> None:
-    """Put a checkpoint's pipeline state back: step count, totals, and (now, or once they exist)
-    this rank's codec buffers and the sampler."""
+    """Put a checkpoint's pipeline state back: the tied sums' error feedback, and the strategy's
+    ``PipelineState`` (steps, totals, and now or once they exist this rank's codecs and the sampler)."""
     state = ckpt.get("clapping")
     if state is None:
         return
     check_same_pipeline(state, strategy.num_stages, strategy.split.counts if strategy.split else None, path)
-    strategy.steps_done = int(state["steps_done"])
-    strategy.totals.load_state_dict(state.get("totals", {}))
-    if state.get("sampler") is not None:
-        strategy.pending["sampler"] = state["sampler"]
     codecs = dict(state["codecs"][strategy.global_rank]) if state.get("codecs") else {}
     tied = codecs.pop(TIED, None)
     if tied is not None and strategy.tied is not None:
         strategy.tied.load_state_dict(tied, strategy.root_device)
-    if strategy.codecs:
-        for key, codec_state in codecs.items():
-            strategy.codecs[tuple(key.split(":"))].load_state_dict(codec_state, strategy.root_device)
-    else:
-        strategy.pending["codecs"] = codecs
+    strategy.state.load_state_dict(state, codecs, strategy.root_device)
 
 
 def load_stage_weights(strategy, ckpt: dict[str, Any], strict: bool) -> None:

@@ -36,17 +36,15 @@ def training_loader(strategy, dataloader: object) -> object:
     seed = strategy.options.sampler_seed
     if seed is None:
         seed = trainer.datamodule.shuffle_seed if isinstance(trainer.datamodule, HasShuffleSeed) else 0
-    strategy.sampler = LazyBatchSampler(
-        len(dataloader.dataset), batch_size, strategy.options.p, int(seed), strategy.steps_done
+    state = strategy.state
+    state.attach_sampler(
+        LazyBatchSampler(len(dataloader.dataset), batch_size, strategy.options.p, int(seed), state.steps_done)
     )
-    if "sampler" in strategy.pending:
-        strategy.sampler.load_state_dict(strategy.pending.pop("sampler"))
-        strategy.sampler.set_step(strategy.steps_done)
     build_stage_codecs(strategy, len(dataloader.dataset))
     workers = dataloader.num_workers
     return DataLoader(
         dataloader.dataset,
-        batch_sampler=strategy.sampler,
+        batch_sampler=state.sampler,
         num_workers=workers,
         collate_fn=dataloader.collate_fn,
         pin_memory=dataloader.pin_memory,
@@ -57,7 +55,7 @@ def training_loader(strategy, dataloader: object) -> object:
 
 def build_stage_codecs(strategy, dataset_size: int) -> None:
     """This rank's channel ends (once), with any codec state a checkpoint left waiting."""
-    if strategy.codecs:
+    if strategy.state.codecs:
         return
     opts = strategy.options
     n_samples = opts.aqsgd_num_samples or dataset_size
@@ -65,18 +63,10 @@ def build_stage_codecs(strategy, dataset_size: int) -> None:
     def rows(boundary: int, role: str) -> SampleBuffers:
         return SampleBuffers(n_samples, opts.aqsgd_storage, opts.aqsgd_dir, f"aqsgd-b{boundary}-{role}")
 
-    strategy.codecs.update(
-        build_codecs(
-            opts.method,
-            opts.compressors,
-            strategy.global_rank,
-            strategy.num_stages,
-            opts.compression_seed,
-            rows,
-        )
+    codecs = build_codecs(
+        opts.method, opts.compressors, strategy.global_rank, strategy.num_stages, opts.compression_seed, rows
     )
-    for key, state in strategy.pending.pop("codecs", {}).items():
-        strategy.codecs[tuple(key.split(":"))].load_state_dict(state, strategy.root_device)
+    strategy.state.attach_codecs(codecs, strategy.root_device)
 
 
 def check_reuse(ids: torch.Tensor | None, previous: torch.Tensor | None, fresh: bool, step: int):

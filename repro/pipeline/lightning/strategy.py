@@ -26,12 +26,11 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from repro import lightning_compat as compat
-from repro.data.sampler import LazyBatchSampler
 from repro.files import write_json_atomic
 from repro.models.deferred_init import deferred_init
 from repro.stop import STOP, install_stop
 
-from ..codecs import ChannelCodec, MessageContext
+from ..codecs import MessageContext
 from ..model_split import LocalModel, clip_global_grad_norm, keep_local_parts
 from ..options import PipelineOptions, options_doc, options_signature
 from ..runner import NonFiniteError, StageRunner, split_batch
@@ -52,8 +51,8 @@ from .evaluation import PipelineEvaluation
 from .loader import check_reuse, training_loader
 from .processes import StageProcesses
 from .seams import steps_not_run
+from .state import PipelineState
 from .step_report import (
-    RunTotals,
     StatWindow,
     StepReport,
     logs_this_step,
@@ -95,16 +94,12 @@ class ClappingStrategy(PipelineEvaluation, StageProcesses):
         self.split: StageSplit | None = None
         self.local: LocalModel | None = None
         self.runner: StageRunner | None = None
-        self.codecs: dict[tuple[str, str], ChannelCodec] = {}
-        self.sampler: LazyBatchSampler | None = None
-        self.steps_done = 0  # training steps (batches) run so far
-        self.totals = RunTotals()  # cumulative statistics (identical on every rank)
+        self.state = PipelineState()  # codecs, sampler, totals, steps done (state_dict / load_state_dict)
         self.last_report: StepReport | None = None  # the statistics of the latest reduction
         self.window = StatWindow()  # this rank's statistics since that reduction
         self._groups: dict[str, Any] = {}
         self.tied: TiedGradients | None = None  # the tied parameters' gradient sums (setup)
         self._stashed_grads: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
-        self.pending: dict[str, Any] = {}  # checkpoint state that waits for the codecs or the sampler
         self._fit_start: float | None = None
         self._previous_ids: torch.Tensor | None = None
         self._stop_signals: tuple[int, ...] = ()  # the signals that stop the run (on_train_start)
@@ -163,7 +158,7 @@ class ClappingStrategy(PipelineEvaluation, StageProcesses):
         )
         if self.options.timeline_dir:  # where each step's time goes (timeline.py)
             links.timeline = self.tied.timeline = Timeline(self.global_rank)
-        self.runner = StageRunner(self.split, links, self.codecs, self.adapter.input, self.adapter.loss)
+        self.runner = StageRunner(self.split, links, self.state.codecs, self.adapter.input, self.adapter.loss)
 
     def model_to_device(self) -> None:
         assert self.model is not None
@@ -198,10 +193,10 @@ class ClappingStrategy(PipelineEvaluation, StageProcesses):
 
     def training_step(self, *args: Any, **kwargs: Any):
         timeline = self.runner.links.timeline
-        timeline.step = self.steps_done
+        timeline.step = self.state.steps_done
         with (
-            timeline.span(f"step {self.steps_done}", "step"),
-            stage_collectives(self.global_rank, f"training step {self.steps_done}"),
+            timeline.span(f"step {self.state.steps_done}", "step"),
+            stage_collectives(self.global_rank, f"training step {self.state.steps_done}"),
         ):
             return self._training_step(*args, **kwargs)
 
@@ -211,8 +206,8 @@ class ClappingStrategy(PipelineEvaluation, StageProcesses):
         opts = self.options
         if self._fit_start is None:
             self._fit_start = time.perf_counter()
-        step = self.steps_done
-        fresh = self.sampler.is_fresh(step) if self.sampler is not None else True
+        step = self.state.steps_done
+        fresh = self.state.sampler.is_fresh(step) if self.state.sampler is not None else True
         ids = batch.get(opts.sample_id_key) if isinstance(batch, dict) else None
         self._previous_ids = check_reuse(ids, self._previous_ids, fresh, step)
         if opts.method == "aqsgd" and ids is None:
@@ -235,7 +230,7 @@ class ClappingStrategy(PipelineEvaluation, StageProcesses):
         for p in params:
             p.grad = None
         snapshots = (
-            {key: codec.snapshot(ids) for key, codec in self.codecs.items()}
+            {key: codec.snapshot(ids) for key, codec in self.state.codecs.items()}
             if opts.nonfinite == "skip"
             else None
         )
@@ -266,15 +261,15 @@ class ClappingStrategy(PipelineEvaluation, StageProcesses):
                     f"Training stopped before the optimizer step (set nonfinite='skip' to skip such steps)"
                 )
             self._stashed_grads = []  # skip: no update from this step, and the codecs as they were before it
-            for key, codec in self.codecs.items():
+            for key, codec in self.state.codecs.items():
                 codec.restore(snapshots[key])
-            self.totals.skipped_steps += 1
+            self.state.totals.skipped_steps += 1
             if self.global_rank == 0:
                 warnings.warn(
                     f"strategy='clapping': skipped training step {step} (non-finite values: {where})",
                     stacklevel=2,
                 )
-        self.steps_done += 1
+        self.state.steps_done += 1
         loss = torch.tensor(loss_value, dtype=torch.float32, device=self.root_device)
         self.lightning_module.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
         if faulty or to_loggers or final:
@@ -288,20 +283,20 @@ class ClappingStrategy(PipelineEvaluation, StageProcesses):
             loss,
             self.global_rank,
             self.num_stages,
-            float(sum(c.buffer_nbytes for c in self.codecs.values())),
+            float(sum(c.buffer_nbytes for c in self.state.codecs.values())),
             self.runner.links.counters.emulated_seconds,
             float(self.local.owned_bytes),
             self.root_device,
         )
         if report.steps:
-            self.totals.add(report)
+            self.state.totals.add(report)
             self.last_report = report
         return report
 
     def _publish(self, to_loggers: bool) -> None:
-        fresh = self.sampler.fresh_before(self.steps_done) if self.sampler is not None else self.steps_done
+        fresh = self.state.fresh_batches()
         wall = time.perf_counter() - self._fit_start if self._fit_start else 0.0
-        values = pipe_scalars(self.last_report, self.totals, fresh, self.steps_done, wall)
+        values = pipe_scalars(self.last_report, self.state.totals, fresh, self.state.steps_done, wall)
         publish(self.lightning_module.trainer, values, self.global_rank, to_loggers)
 
     def flush_statistics(self) -> None:
@@ -347,13 +342,13 @@ class ClappingStrategy(PipelineEvaluation, StageProcesses):
         report = self.last_report
         return {
             "stages": self.num_stages,
-            "bytes_total": self.totals.total_bytes,
-            "raw_bytes_total": self.totals.total_raw_bytes,
-            "tied_bytes_total": self.totals.tied_bytes(),  # (sent, exact) of the tied sums, within the totals
-            "bytes_sent_per_rank": self.totals.sent_per_rank(self.num_stages),
+            "bytes_total": self.state.totals.total_bytes,
+            "raw_bytes_total": self.state.totals.total_raw_bytes,
+            "tied_bytes_total": self.state.totals.tied_bytes(),  # (sent, exact) of the tied sums, within the totals
+            "bytes_sent_per_rank": self.state.totals.sent_per_rank(self.num_stages),
             "buffer_bytes_per_rank": list(report.buffer_bytes) if report else [0.0] * self.num_stages,
-            "fresh_batches": self.sampler.fresh_before(self.steps_done) if self.sampler else self.steps_done,
-            "skipped_steps": self.totals.skipped_steps,
+            "fresh_batches": self.state.fresh_batches(),
+            "skipped_steps": self.state.totals.skipped_steps,
             "train_wall_s": time.perf_counter() - self._fit_start if self._fit_start else 0.0,
         }
 
@@ -385,11 +380,11 @@ class ClappingStrategy(PipelineEvaluation, StageProcesses):
 
     def buffer_digests(self) -> dict[str, str]:
         """{'b<boundary>_<direction>_<role>': sha256 of the buffers} of this rank's channel ends."""
-        return {f"b{c.boundary}_{d}_{r}": c.digest() for (d, r), c in self.codecs.items()}
+        return {f"b{c.boundary}_{d}_{r}": c.digest() for (d, r), c in self.state.codecs.items()}
 
     def teardown(self) -> None:
         STOP.restore()
-        for codec in self.codecs.values():
+        for codec in self.state.codecs.values():
             if codec.sample_buffers is not None:
                 codec.sample_buffers.close()
         super().teardown()
