@@ -67,7 +67,7 @@ def test_a_gguf_file_is_read_with_the_models_own_logits_and_round_trips(
     # model.pretrained naming the .gguf: written once under .cache/repro/gguf, read by the suite's model
     monkeypatch.chdir(tmp_path)
     ours = HFCausalLM(str(path))
-    ours.materialize_all()
+    ours.materialize()
     ours.eval()
     with torch.no_grad():
         logits, _ = ours(ids)

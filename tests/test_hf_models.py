@@ -75,7 +75,7 @@ def test_the_parts_give_the_models_own_logits(name, attention, models):
     with torch.no_grad():
         expected = reference(ids).logits
     ours = HFCausalLM(str(models[name]), attention)
-    ours.materialize_all()
+    ours.materialize()
     ours.eval()
     with torch.no_grad():
         logits, _ = ours(ids)
@@ -86,7 +86,7 @@ def test_eager_attention_is_causal_with_the_explicit_mask(models):
     """Changing a later token leaves every earlier position's logits alone (a missing mask under
     eager would let them see it)."""
     ours = HFCausalLM(str(models["llama"]), "eager")
-    ours.materialize_all()
+    ours.materialize()
     ids = torch.randint(0, VOCAB, (1, 16), generator=torch.Generator().manual_seed(2))
     other = ids.clone()
     other[0, 10] = (other[0, 10] + 1) % VOCAB
@@ -125,7 +125,7 @@ def test_phase_off_of_a_layer_is_the_forward_with_that_layers_rotation_removed(m
     with torch.no_grad():
         expected = reference(ids).logits
     ours = HFCausalLM(str(models["llama"]))
-    ours.materialize_all()
+    ours.materialize()
     ours.set_rotary({layer: 0.0})
     with torch.no_grad():
         logits, _ = ours(ids)
@@ -137,7 +137,7 @@ def test_phase_off_of_a_layer_is_the_forward_with_that_layers_rotation_removed(m
     from repro.lit.hf_module import HFCausalLMModule
 
     module = HFCausalLMModule(str(models["llama"]), rotary=[1.0, 1.0, 0.0, 1.0])
-    module.model.materialize_all()
+    module.model.materialize()
     with torch.no_grad():
         assert torch.equal(module.model(ids)[0], logits)
     with pytest.raises(
@@ -164,7 +164,7 @@ def test_per_head_phase_off_is_the_forward_with_those_heads_rotation_removed(mod
         patch.setattr(llama, "apply_rotary_pos_emb", partial_rotation)
         expected = AutoModelForCausalLM.from_pretrained(str(models["llama"])).eval()(ids).logits
     ours = HFCausalLM(str(models["llama"]))
-    ours.materialize_all()
+    ours.materialize()
     ours.eval()
     with torch.no_grad():
         ours.set_phase_off_heads({i: [1] for i in range(4)})
@@ -393,7 +393,7 @@ def test_export_round_trips_through_from_pretrained_tied_as_one_tensor_untied_as
     ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(4))
     for name, tie, tensors in (("qwen2", "auto", 1), ("qwen2", "untied", 2), ("llama", "auto", 2)):
         model = HFCausalLM(str(models[name]), tie_embeddings=tie)
-        model.materialize_all()
+        model.materialize()
         with torch.no_grad():
             model.hf.lm_head.weight.add_(0.5)  # a change the export must carry
             ours, _ = model(ids)

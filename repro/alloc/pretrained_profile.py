@@ -142,9 +142,9 @@ def pretrained_model_and_data(
                 f"--ckpt-path {str(checkpoint)!r}: its weights are not those of model.pretrained={location!r} "
                 f"(no parameter name in common); give the config the checkpoint was trained with"
             )
-        model.materialize_all(lambda name: state[name])
+        model.materialize(source=lambda name: state[name])
     else:
-        model.materialize_all()
+        model.materialize()
     data = dict(doc.get("data") or {})
     for name in PATH_FIELDS:
         if data.get(name):

@@ -13,7 +13,6 @@ from dataclasses import asdict
 from typing import Literal
 
 import lightning as L
-import torch
 from torchmetrics import MeanMetric
 
 from repro.models.deferred_init import deferring
@@ -87,13 +86,10 @@ class HFCausalLMModule(GPTLightningModule):
         return None
 
     def configure_model(self) -> None:
-        """The whole model is read here, unless the strategy reads each stage on its own rank (its
-        ``tensor_init_context()`` defers, see ``GPTLightningModule.configure_model``)."""
-        if deferring():
-            return
-        with torch.device("cpu"):
-            self.model.materialize_all()
-        if self.compile_backend:
+        """As the GPT module's: the whole model read here, unless the strategy reads each stage on
+        its own rank (its ``tensor_init_context()`` defers); then each part compiled."""
+        super().configure_model()
+        if self.compile_backend and not deferring():
             for part in (self.model.embed, *self.model.layers, self.model.head):
                 part.compile(backend=self.compile_backend)
 
@@ -101,7 +97,7 @@ class HFCausalLMModule(GPTLightningModule):
         """A full state dict into a model still on the meta device (the launching process of a
         pipeline, which never read the weights) materializes it from that state first."""
         if not self.model.is_materialized:
-            self.model.materialize_all(lambda name: state_dict[HF_PREFIX + name])
+            self.model.materialize(source=lambda name: state_dict[HF_PREFIX + name])
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def pipeline_stages(self) -> HFStages:

@@ -194,7 +194,7 @@ class Head(nn.Module):
 # ---------------------------------------------------------------------------- the model
 class HFCausalLM(nn.Module):
     """A Hugging Face causal LM run through its parts. Built on the meta device; ``materialize``
-    reads the tensors of some parts (a pipeline stage's) or of all of them (``materialize_all``).
+    reads the tensors of some parts (a pipeline stage's) or of all of them (``materialize()``).
 
     Args:
         location: A local model folder (config.json + safetensors) or a hub id.
@@ -261,12 +261,13 @@ class HFCausalLM(nn.Module):
             return self.files.get(self._embedding_name()).clone()
         raise HFModelError(f"model {str(self.folder)!r}: the checkpoint has no tensor {name!r}")
 
-    def materialize(self, modules: list[nn.Module], source=None) -> None:
-        """Read the tensors of these parts (those still on the meta device) from the checkpoint
-        (or from ``source``: state-dict name -> tensor). Each parameter read replaces its meta
-        placeholder wherever the model holds it, so a parameter shared by several parts (a tied
-        embedding and head) stays one parameter."""
+    def materialize(self, modules: list[nn.Module] | None = None, source=None) -> None:
+        """Read the tensors of these parts (None: all; those still on the meta device) from the
+        checkpoint (or from ``source``: state-dict name -> tensor), as ``GPT.materialize`` draws its.
+        Each parameter read replaces its meta placeholder wherever the model holds it, so a parameter
+        shared by several parts (a tied embedding and head) stays one parameter."""
         read = source or self._tensor
+        modules = [self.embed, *self.layers, self.head] if modules is None else modules
         prefixes: dict[nn.Module, str] = {}
         for name, module in self.hf.named_modules(remove_duplicate=False):
             prefixes.setdefault(module, name)
@@ -308,9 +309,6 @@ class HFCausalLM(nn.Module):
 
     def _embedding_param(self) -> nn.Parameter:
         return self.hf.transformer.wte.weight if self.family == "gpt2" else self.hf.model.embed_tokens.weight
-
-    def materialize_all(self, source=None) -> None:
-        self.materialize([self.embed, *self.layers, self.head], source)
 
     @property
     def is_materialized(self) -> bool:
@@ -382,7 +380,7 @@ class HFCausalLM(nn.Module):
             missing = [n for n, p in self.hf.named_parameters() if n not in state]
             if missing:
                 raise HFModelError(f"export: the weights lack {missing[:3]}")
-            self.materialize_all(state.__getitem__)
+            self.materialize(source=state.__getitem__)
             self.hf.load_state_dict(state, strict=False)
         self.hf.save_pretrained(str(out), max_shard_size="2GB")
         for name in (

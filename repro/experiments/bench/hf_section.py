@@ -71,7 +71,7 @@ class PlainHFLoop:
         from repro.lit.hf_module import HFCausalLMModule
 
         self.module = HFCausalLMModule(str(folder), OPTIM)
-        self.module.model.materialize_all()
+        self.module.model.materialize()
         conf = self.module.configure_optimizers()
         self.opt, self.sched = conf["optimizer"], conf["lr_scheduler"]["scheduler"]
         self.params = [p for p in self.module.parameters() if p.requires_grad]
