@@ -252,6 +252,32 @@ def test_every_strategy_option_is_in_the_pipeline_config_and_the_strategy_page()
     assert set(field_comments(PipelineOptions)) >= set(options)
 
 
+def test_the_strategy_signature_is_the_options_names_types_and_defaults():
+    """ClappingStrategy's explicit __init__ (what LightningCLI and --help read) takes every option of
+    PipelineOptions, keyword only, with its annotation and default, and Lightning's own arguments."""
+    import inspect
+
+    from repro.pipeline.lightning import ClappingStrategy
+    from repro.pipeline.options import PipelineOptions
+
+    params = inspect.signature(ClappingStrategy.__init__).parameters
+    options = {f.name: f for f in dataclasses.fields(PipelineOptions) if f.init}
+    kw = {n: p for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert list(kw) == list(options)
+    for name, field in options.items():
+        assert kw[name].default == field.default, name
+        assert kw[name].annotation.replace(" ", "") == str(field.type).replace(" ", ""), name
+    lightning = [
+        "accelerator",
+        "parallel_devices",
+        "cluster_environment",
+        "checkpoint_io",
+        "precision_plugin",
+    ]
+    assert [n for n in params if n not in kw and n != "self"] == lightning
+    assert all(f"    {name}: " in ClappingStrategy.__init__.__doc__ for name in options)  # --help
+
+
 @pytest.mark.parametrize(
     "module, cls",
     [

@@ -1,11 +1,10 @@
 """The options of the Clapping pipeline strategy, validated before anything starts. This dataclass
-is their one owner: the strategy's keyword arguments (what ``trainer.strategy.init_args`` of a
-config accepts) are made from its fields, with these defaults and comments."""
+is their one owner: the strategy's ``__init__`` names each (what ``trainer.strategy.init_args`` of
+a config accepts) with the type and default given here, and its help is these comments (a test
+checks that the two agree)."""
 
 from __future__ import annotations
 
-import inspect
-import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
@@ -147,34 +146,7 @@ class PipelineOptions:
         return out
 
 
-def option_parameters() -> list[inspect.Parameter]:
-    """Every option as a keyword parameter (its type and default): what a class that takes the
-    options as keyword arguments shows to LightningCLI and ``--help``."""
-    hints = typing.get_type_hints(PipelineOptions)
-    return [
-        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name])
-        for f in fields(PipelineOptions)
-        if f.init
-    ]
-
-
-# the arguments Lightning passes a strategy itself
-LIGHTNING_ARGS = (
-    "accelerator",
-    "parallel_devices",
-    "cluster_environment",
-    "checkpoint_io",
-    "precision_plugin",
-)
-
-
-def options_signature(lightning_args: tuple[str, ...] = LIGHTNING_ARGS) -> inspect.Signature:
-    """The signature of a strategy's ``__init__`` that takes the options as keyword arguments, then
-    Lightning's own (accelerator, parallel_devices, ...), as LightningCLI and ``--help`` see it."""
-    return inspect.Signature(
-        [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD), *option_parameters()]
-        + [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None) for name in lightning_args]
-    )
+OPTION_NAMES = frozenset(f.name for f in fields(PipelineOptions) if f.init)  # what a strategy takes
 
 
 def options_doc() -> str:

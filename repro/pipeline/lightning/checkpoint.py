@@ -107,3 +107,33 @@ def load_stage_optimizer_states(strategy, ckpt: dict[str, Any]) -> None:
             state = state["pipeline_stages"][strategy.global_rank]
         optimizer.load_state_dict(state)
     compat.optimizers_to_device(strategy.optimizers, strategy.root_device)
+
+
+class PipelineCheckpoints:
+    """The strategy's checkpoint hooks (Lightning's), each a function above: every stage's weights and
+    optimizer state gathered on rank 0, and the pipeline's own state under ``clapping``."""
+
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        return full_state_dict(self)
+
+    def optimizer_state(self, optimizer) -> dict[str, Any]:
+        return stage_optimizer_states(self, optimizer)
+
+    def save_checkpoint(self, ckpt: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
+        self.flush_statistics()  # every rank saves (or reaches the barrier below) at this step
+        state = pipeline_state(self, self.options.aqsgd_checkpoint_buffers)
+        if self.is_global_zero:
+            ckpt["clapping"] = state
+            self.checkpoint_io.save_checkpoint(ckpt, filepath, storage_options=storage_options)
+        self.barrier("save_checkpoint")
+
+    def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
+        ckpt = self.checkpoint_io.load_checkpoint(checkpoint_path, weights_only=False)
+        restore_pipeline_state(self, ckpt, checkpoint_path)
+        return ckpt
+
+    def load_model_state_dict(self, ckpt, strict: bool = True) -> None:
+        load_stage_weights(self, ckpt, strict)
+
+    def load_optimizer_state_dict(self, ckpt) -> None:
+        load_stage_optimizer_states(self, ckpt)

@@ -17,7 +17,7 @@ import contextlib
 import math
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from repro.stop import STOP, install_stop
 
 from ..codecs import MessageContext
 from ..model_split import LocalModel, clip_global_grad_norm, keep_local_parts
-from ..options import PipelineOptions, options_doc, options_signature
+from ..options import OPTION_NAMES, PipelineOptions, options_doc
 from ..runner import NonFiniteError, StageRunner, split_batch
 from ..schedule import stage_schedule
 from ..stage_parts import (
@@ -46,7 +46,7 @@ from ..stage_parts import (
 from ..tied_gradients import TiedGradients
 from ..timeline import Timeline
 from ..transport import StageLinks, stage_collectives
-from . import checkpoint
+from .checkpoint import PipelineCheckpoints
 from .evaluation import PipelineEvaluation
 from .loader import check_reuse, training_loader
 from .processes import StageProcesses
@@ -62,13 +62,15 @@ from .step_report import (
     reduce_window,
 )
 
+_D = PipelineOptions  # the options' defaults (class attributes of the dataclass)
 
-class ClappingStrategy(PipelineEvaluation, StageProcesses):
-    """Pipeline-parallel training with compressed activations and gradients (Clapping); keyword
-    arguments: the fields of ``PipelineOptions``. A module gives its stages by ``pipeline_stages()``
-    (``parts``, ``input``, ``loss``, ``weight``; a missing one is named) or has a suite ``GPT`` as
-    ``model``; its optimizers, hooks and callbacks run, its ``*_step`` methods and their ``self.log``
-    do not (said at start unless ``pipeline_replaces_steps``). Example: docs/strategy.md."""
+
+class ClappingStrategy(PipelineCheckpoints, PipelineEvaluation, StageProcesses):
+    """Pipeline-parallel training with compressed activations and gradients (Clapping); its options are
+    the fields of ``PipelineOptions`` (checked there). A module gives its stages by ``pipeline_stages()``
+    (``parts``, ``input``, ``loss``, ``weight``; a missing one is named); its optimizers, hooks and
+    callbacks run, its ``*_step`` methods and their ``self.log`` do not (said at start unless
+    ``pipeline_replaces_steps``). Example: docs/strategy.md."""
 
     strategy_name = "clapping"
 
@@ -79,8 +81,35 @@ class ClappingStrategy(PipelineEvaluation, StageProcesses):
         cluster_environment=None,
         checkpoint_io=None,
         precision_plugin=None,
-        **options: Any,
+        *,
+        stages: int | None = _D.stages,
+        layers_per_stage: Sequence[int] | None = _D.layers_per_stage,
+        micro_batches: int = _D.micro_batches,
+        schedule: str = _D.schedule,
+        extra_warmup: int = _D.extra_warmup,
+        method: str = _D.method,
+        fwd_compressor: str = _D.fwd_compressor,
+        bwd_compressor: str = _D.bwd_compressor,
+        p: float = _D.p,
+        sampler_seed: int | None = _D.sampler_seed,
+        compression_seed: int = _D.compression_seed,
+        warmup_epochs: int = _D.warmup_epochs,
+        aqsgd_num_samples: int | None = _D.aqsgd_num_samples,
+        aqsgd_storage: str = _D.aqsgd_storage,
+        aqsgd_dir: str | None = _D.aqsgd_dir,
+        aqsgd_checkpoint_buffers: bool = _D.aqsgd_checkpoint_buffers,
+        sample_id_key: str = _D.sample_id_key,
+        bandwidth_mbps: float | None = _D.bandwidth_mbps,
+        timeout_s: float = _D.timeout_s,
+        nonfinite: str = _D.nonfinite,
+        process_group_backend: str | None = _D.process_group_backend,
+        start_method: str = _D.start_method,
+        compile: bool | str = _D.compile,
+        tied_compressor: str = _D.tied_compressor,
+        timeline_dir: str | None = _D.timeline_dir,
     ) -> None:
+        # the options, each with PipelineOptions' default (their one owner, which checks them)
+        options = {name: value for name, value in locals().items() if name in OPTION_NAMES}
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -352,32 +381,6 @@ class ClappingStrategy(PipelineEvaluation, StageProcesses):
             "train_wall_s": time.perf_counter() - self._fit_start if self._fit_start else 0.0,
         }
 
-    # ------------------------------------------------------------------ checkpoints (checkpoint.py)
-    def lightning_module_state_dict(self) -> dict[str, Any]:
-        return checkpoint.full_state_dict(self)
-
-    def optimizer_state(self, optimizer) -> dict[str, Any]:
-        return checkpoint.stage_optimizer_states(self, optimizer)
-
-    def save_checkpoint(self, ckpt: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
-        self.flush_statistics()  # every rank saves (or reaches the barrier below) at this step
-        state = checkpoint.pipeline_state(self, self.options.aqsgd_checkpoint_buffers)
-        if self.is_global_zero:
-            ckpt["clapping"] = state
-            self.checkpoint_io.save_checkpoint(ckpt, filepath, storage_options=storage_options)
-        self.barrier("save_checkpoint")
-
-    def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
-        ckpt = self.checkpoint_io.load_checkpoint(checkpoint_path, weights_only=False)
-        checkpoint.restore_pipeline_state(self, ckpt, checkpoint_path)
-        return ckpt
-
-    def load_model_state_dict(self, ckpt, strict: bool = True) -> None:
-        checkpoint.load_stage_weights(self, ckpt, strict)
-
-    def load_optimizer_state_dict(self, ckpt) -> None:
-        checkpoint.load_stage_optimizer_states(self, ckpt)
-
     def buffer_digests(self) -> dict[str, str]:
         """{'b<boundary>_<direction>_<role>': sha256 of the buffers} of this rank's channel ends."""
         return {f"b{c.boundary}_{d}_{r}": c.digest() for (d, r), c in self.state.codecs.items()}
@@ -390,5 +393,4 @@ class ClappingStrategy(PipelineEvaluation, StageProcesses):
         super().teardown()
 
 
-ClappingStrategy.__init__.__signature__ = options_signature()  # the options one by one, for the CLI
-ClappingStrategy.__init__.__doc__ = options_doc()
+ClappingStrategy.__init__.__doc__ = options_doc()  # Args: each option's comment in PipelineOptions
