@@ -291,7 +291,9 @@ def test_placement_gives_every_run_a_device_within_its_limits_and_a_failed_run_f
         pool.release(pool.free[0])
 
 
-def test_stages_sharing_a_gpu_name_it_once_to_lightning_and_once_per_stage_to_the_strategy(tmp_path):
+def test_stages_sharing_a_gpu_name_it_once_to_lightning_and_once_per_stage_to_the_strategy(
+    tmp_path, monkeypatch
+):
     """Lightning refuses a GPU named twice in ``devices`` ('Device ID's (GPU) must be unique': the
     first GPU run of a pipeline failed so); the strategy's parallel_devices give each stage its own.
     GPU ranks are spawned: a forked one failed with 'Cannot re-initialize CUDA in forked subprocess'."""
@@ -303,6 +305,18 @@ def test_stages_sharing_a_gpu_name_it_once_to_lightning_and_once_per_stage_to_th
     assert kwargs["strategy"].parallel_devices == [torch.device("cuda", i) for i in (0, 1, 0, 1)]
     assert kwargs["strategy"].num_processes == 4
     assert kwargs["strategy"].options.start_method == "spawn"  # CUDA cannot be re-initialized in a fork
+    # Lightning's own connector on a simulated two-GPU machine: it takes these, and refuses a GPU twice
+    import lightning as L
+    import lightning.fabric.accelerators.cuda as fabric_cuda
+
+    monkeypatch.setattr(fabric_cuda, "num_cuda_devices", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    trainer = L.Trainer(**kwargs)
+    assert trainer.num_devices == 4 and trainer.strategy.root_device.type == "cuda"
+    with pytest.raises(Exception, match="must be unique"):
+        L.Trainer(**{**_trainer_kwargs(pipe, Slot("gpu", (0, 1, 0, 1), 4), RunRecorder(pipe), "gloo"),
+                     "devices": [0, 1, 0, 1]})  # fmt: skip
     cpu = _trainer_kwargs(pipe, Slot("cpu", (), 1), RunRecorder(pipe), "gloo")
     assert cpu["devices"] == 4 and cpu["strategy"].parallel_devices is None
     assert cpu["strategy"].options.start_method == "fork"
