@@ -251,12 +251,11 @@ def test_repro_profile_phase_off_of_a_pretrained_model_per_layer_and_per_head(
     assert (tmp_path / "nope.md").read_text().count("\n| 3 |") == 8
     # ... and after a short fine-tune of each allocation, with its rotation as allocated in training;
     # first its plan: the runs it would train, each step's tokens at the fine-tune's own batch
-    from repro.alloc.pretrained_nope import finetune_specs
+    from repro.alloc.pretrained_nope import FinetuneGrid, finetune_specs
     from repro.experiments.kit.compute_plan import planned_runs
 
-    _, _, specs = finetune_specs(
-        tmp_path / "hf.yaml", profile, [1], 2, tmp_path, (0, 1), 0, 0, {"data.batch_size": 2}
-    )
+    grid = FinetuneGrid([1], 2, tmp_path, (0, 1), 0, 0, {"data.batch_size": 2})
+    _, _, specs = finetune_specs(tmp_path / "hf.yaml", profile, grid)
     assert [r.tokens for r in planned_runs(list(specs.values()), 1)] == [2 * 2 * 16] * 14
     capsys.readouterr()
     repro("profile", "nope", "--config", str(tmp_path / "hf.yaml"), "--profile", str(out), "--layers", "1",

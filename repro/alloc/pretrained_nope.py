@@ -22,6 +22,7 @@ Over several seeds, a chunk's loss is its mean over the seeds; the CI is still o
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from repro.runs import Progress, RunSpec, train_all
@@ -92,22 +93,30 @@ def zero_shot_nope(
     return _result(plans, measured, reference, split, profile)
 
 
+@dataclass(frozen=True)
+class FinetuneGrid:
+    """What the fine-tuned NoPE test trains: every budget's allocations (``draws`` random ones per
+    budget, drawn from ``seed``), each fine-tuned ``steps`` steps per seed of ``seeds``, its runs
+    under ``folder``, with ``overrides`` of the model config (learning rate, batch size)."""
+
+    budgets: list[int]
+    steps: int
+    folder: str | os.PathLike
+    seeds: tuple[int, ...] = (0,)
+    draws: int = 3
+    seed: int = 0
+    overrides: dict[str, Any] | None = None
+
+
 def finetune_specs(
-    config_path: str | os.PathLike,
-    profile: LayerProfile,
-    budgets: list[int],
-    steps: int,
-    folder: str | os.PathLike,
-    seeds: tuple[int, ...] = (0,),
-    draws: int = 3,
-    seed: int = 0,
-    overrides: dict[str, Any] | None = None,
+    config_path: str | os.PathLike, profile: LayerProfile, grid: FinetuneGrid
 ) -> tuple[
     dict[int, dict[str, dict[int, float]]], dict[str, dict[int, float]], dict[tuple[str, int], RunSpec]
 ]:
     """The budgets' allocations, every fine-tune's rotation by name (full RoPE first), and its run per
     (name, seed) (what ``finetuned_nope`` trains and ``--plan`` counts)."""
-    plans = {k: nope_allocations(profile, k, draws, seed) for k in budgets}
+    plans = {k: nope_allocations(profile, k, grid.draws, grid.seed) for k in grid.budgets}
+    steps = grid.steps
     if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
         raise ValueError(f"--finetune-steps={steps!r}: a positive number of steps")
     n = profile.n_layer
@@ -117,31 +126,24 @@ def finetune_specs(
         slug = name.replace(" ", "-").replace("#", "")
         rotary = {"model.rotary": [float(fractions.get(i, 1.0)) for i in range(n)]} if fractions else {}
         return RunSpec.make(
-            f"{slug}-s{s}", folder, config_path, s, steps, steps, {**(overrides or {}), **rotary},
+            f"{slug}-s{s}", grid.folder, config_path, s, steps, steps, {**(grid.overrides or {}), **rotary},
             save_checkpoint=True, label=f"{name}, seed {s}",
         )  # fmt: skip
 
-    return plans, named, {(name, s): spec(name, f, s) for name, f in named.items() for s in seeds}
+    return plans, named, {(name, s): spec(name, f, s) for name, f in named.items() for s in grid.seeds}
 
 
 def finetuned_nope(
     config_path: str | os.PathLike,
     profile: LayerProfile,
-    budgets: list[int],
-    steps: int,
-    folder: str | os.PathLike,
-    seeds: tuple[int, ...] = (0,),
-    draws: int = 3,
-    seed: int = 0,
-    overrides: dict[str, Any] | None = None,
+    grid: FinetuneGrid,
     cache_dir: str | None = None,
     quiet: bool = False,
 ) -> dict[str, Any]:
     """Every allocation fine-tuned ``steps`` steps (per seed, runs under ``folder``), then its loss on
     the test chunks with its rotation as trained, paired against ``profile``'s fine-tune."""
-    plans, named, specs = finetune_specs(
-        config_path, profile, budgets, steps, folder, seeds, draws, seed, overrides
-    )
+    plans, named, specs = finetune_specs(config_path, profile, grid)
+    steps, seeds = grid.steps, grid.seeds
     progress = Progress("nope fine-tune", len(specs), steps * len(specs), 1, quiet)
     results = train_all(list(specs.values()), "cpu", 1, cache_dir, progress)
     measured: dict[str, list[tuple[float, int]]] = {}
@@ -159,7 +161,7 @@ def finetuned_nope(
         ]
     split = "test" if datamodule.test_set is not datamodule.val_set else "validation (no test split)"
     by_budget = {k: {name: measured[f"k{k} {name}"] for name in plan} for k, plan in plans.items()}
-    tuned = {"steps": steps, "seeds": list(seeds), "overrides": dict(overrides or {})}
+    tuned = {"steps": steps, "seeds": list(seeds), "overrides": dict(grid.overrides or {})}
     return _result(plans, by_budget, measured["full RoPE"], split, profile, finetune=tuned)
 
 

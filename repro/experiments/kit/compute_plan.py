@@ -33,6 +33,13 @@ class PlannedRun:
 
 
 @lru_cache(maxsize=64)
+def config_shape(path: str) -> tuple[int, int]:
+    """(batch size, block size) of a model config file as written (read once per file)."""
+    config = load_model_config(path)
+    return config.batch_size, config.block_size
+
+
+@lru_cache(maxsize=64)
 def config_facts(path: str) -> tuple[int, float]:
     """(tokens per step, training FLOPs per step) of a model config file as written (the RoPE
     widths an experiment sets change a step's FLOPs by well under 1%)."""
@@ -55,10 +62,8 @@ def planned_runs(specs: Sequence[RunSpec], stage: int) -> list[PlannedRun]:
         tokens, flops = config_facts(spec.config)
         shape = {k: v for k, v in spec.override_dict().items() if k in ("data.batch_size", "data.block_size")}
         if shape:  # the run's own batch: a step's FLOPs scale with its tokens
-            config = load_model_config(spec.config)
-            own = int(shape.get("data.batch_size", config.batch_size)) * int(
-                shape.get("data.block_size", config.block_size)
-            )
+            batch, block = config_shape(spec.config)
+            own = int(shape.get("data.batch_size", batch)) * int(shape.get("data.block_size", block))
             tokens, flops = own, flops * own / tokens
         out.append(PlannedRun(spec.display, stage, spec.steps, spec.steps * tokens, spec.steps * flops))
     return out

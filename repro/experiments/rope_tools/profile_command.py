@@ -23,7 +23,13 @@ from repro.alloc.coverage_profile import (
 )
 from repro.alloc.fidelity import coverage_fidelity, format_fidelity, phase_off_fidelity
 from repro.alloc.phase_off_profile import measure_phase_off_profile, reference_spec, train_reference
-from repro.alloc.pretrained_nope import finetune_specs, finetuned_nope, nope_markdown, zero_shot_nope
+from repro.alloc.pretrained_nope import (
+    FinetuneGrid,
+    finetune_specs,
+    finetuned_nope,
+    nope_markdown,
+    zero_shot_nope,
+)
 from repro.alloc.pretrained_profile import measure_pretrained_profile, pretrained_config
 from repro.alloc.profile import LayerProfile
 from repro.experiments.kit.compute_plan import planned_runs, print_plan
@@ -231,20 +237,16 @@ def _zero_shot_nope(args) -> None:
             overrides["data.batch_size"] = args.finetune_batch_size
         if len(set(args.seeds)) != len(args.seeds) or min(args.seeds) < 0:
             raise ValueError(f"--seeds {args.seeds}: distinct non-negative integers")
-        how = (
-            args.layers,
-            args.finetune_steps,
-            args.out.with_suffix(""),
-            tuple(args.seeds),
-            args.draws,
-            args.seed,
-        )
+        grid = FinetuneGrid(
+            args.layers, args.finetune_steps, args.out.with_suffix(""), tuple(args.seeds), args.draws, args.seed,
+            overrides,
+        )  # fmt: skip
         if args.plan:
-            _, _, specs = finetune_specs(args.config, profile, *how, overrides)
+            _, _, specs = finetune_specs(args.config, profile, grid)
             runs = planned_runs(list(specs.values()), 1)
             print_plan("nope fine-tunes", runs, str(args.config), args.accelerator, args.step_time)
             return
-        result = finetuned_nope(args.config, profile, *how, overrides)
+        result = finetuned_nope(args.config, profile, grid)
     elif args.plan:
         raise ValueError("--plan: only with --finetune-steps (the zero-shot test trains nothing)")
     else:
