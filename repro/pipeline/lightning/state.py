@@ -23,9 +23,8 @@ class PipelineState:
     sampler: LazyBatchSampler | None = None  # the training batches (lazy reuse)
     totals: RunTotals = field(default_factory=RunTotals)  # cumulative statistics (identical on every rank)
     steps_done: int = 0  # training steps (batches) run so far
-    waiting: dict[str, Any] = field(
-        default_factory=dict
-    )  # restored state of codecs or a sampler not built yet
+    # restored state of codecs or a sampler not built yet
+    waiting: dict[str, Any] = field(default_factory=dict)
 
     def attach_sampler(self, sampler: LazyBatchSampler) -> None:
         """The run's sampler, with the position a checkpoint left for it."""
@@ -37,7 +36,8 @@ class PipelineState:
     def attach_codecs(self, codecs: dict[tuple[str, str], ChannelCodec], device: torch.device) -> None:
         """This rank's channel ends (once), with the buffers a checkpoint left for them."""
         self.codecs.update(codecs)
-        self._load_codecs(self.waiting.pop("codecs", {}), device)
+        for key, codec_state in self.waiting.pop("codecs", {}).items():
+            self.codecs[tuple(key.split(":"))].load_state_dict(codec_state, device)
 
     def fresh_batches(self) -> int:
         """Batches drawn fresh so far (the others were reused by lazy sampling)."""
@@ -66,7 +66,3 @@ class PipelineState:
         self.waiting["codecs"] = codecs
         if self.codecs:
             self.attach_codecs({}, device)
-
-    def _load_codecs(self, codecs: dict[str, Any], device: torch.device) -> None:
-        for key, codec_state in codecs.items():
-            self.codecs[tuple(key.split(":"))].load_state_dict(codec_state, device)
