@@ -12,7 +12,7 @@ from repro.pipeline.codecs import ChannelCodec, MessageContext
 from repro.pipeline.compressors import build_compressor
 from repro.pipeline.options import PipelineOptions
 from repro.pipeline.sample_buffers import SampleBuffers
-from repro.pipeline.schedule import stage_schedule
+from repro.pipeline.schedule import first_part_lead, stage_schedule
 from repro.pipeline.stage_parts import layers_per_stage
 
 
@@ -76,6 +76,49 @@ def test_1f1b_keeps_at_most_k_minus_stage_plus_extra_micro_batches_in_flight(k, 
         )
         == m
     )
+
+
+def test_placement_v_puts_the_first_part_beside_the_last_with_one_copy_of_a_tied_weight(tmp_path):
+    """'v': the last stage runs the first part (a token embedding tied to its head) and feeds stage 0
+    over boundary K - 1; the tied weight is then held by one stage only (no gradient sum), and a
+    checkpoint of one placement is refused by the other in one line."""
+    from repro.lit.stages import GPTStages
+    from repro.models import GPTConfig
+    from repro.models.gpt import GPT
+    from repro.pipeline.codecs import channel_ends
+    from repro.pipeline.lightning.checkpoint import check_same_pipeline
+    from repro.pipeline.model_split import keep_local_parts
+    from repro.pipeline.stage_parts import StageSplit
+
+    cfg = GPTConfig(n_layer=3, n_embd=16, n_head=2, rope_dims=[4] * 3, vocab_size=32, block_size=8)
+    for placement, tied_groups in (("linear", [(0, 2)]), ("v", [])):
+        parts = GPTStages(GPT(cfg)).parts()
+        splits = [StageSplit(s, 3, [1, 1, 1], parts, placement) for s in range(3)]
+        held = [m for split in splits for m in split.modules_of(split.stage)]
+        assert sorted(map(id, held)) == sorted(map(id, [parts.first, *parts.layers, parts.last]))  # each once
+        assert (parts.first in splits[2].modules_of(2)) == (placement == "v")
+        assert [split.receives_input for split in splits] == [placement == "v", True, True]
+        assert splits[0].chain_of(0) == (
+            [parts.layers[0]] if placement == "v" else [parts.first, parts.layers[0]]
+        )
+        model = GPT(cfg)
+        split = StageSplit(2, 3, [1, 1, 1], GPTStages(model).parts(), placement)
+        assert keep_local_parts(model, split).tied_groups == tied_groups
+    assert channel_ends(0, 3, wraps=True) == [("fwd", "send", 0), ("bwd", "recv", 0), ("fwd", "recv", 2),
+                                              ("bwd", "send", 2)]  # fmt: skip
+    assert channel_ends(2, 3, wraps=True) == [("fwd", "recv", 1), ("bwd", "send", 1), ("fwd", "send", 2),
+                                              ("bwd", "recv", 2)]  # fmt: skip
+    with pytest.raises(ValueError, match="needs at least 2 stages"):
+        StageSplit(0, 1, [3], parts, "v")
+    # the last stage's first part runs one micro-batch beyond stage 0's forwards before its first backward
+    assert first_part_lead("1f1b", 2, 16, 1) == 4 and first_part_lead("1f1b", 4, 16, 0) == 5
+    assert first_part_lead("gpipe", 4, 16) == 16 and first_part_lead("1f1b", 4, 3, 2) == 3
+    written = {"num_stages": 3, "layers_per_stage": [1, 1, 1], "options": {"placement": "linear"}}
+    check_same_pipeline(written, 3, [1, 1, 1], "a.ckpt", "linear")
+    with pytest.raises(
+        ValueError, match="written with strategy placement='linear'; this run has placement='v'"
+    ):
+        check_same_pipeline(written, 3, [1, 1, 1], "a.ckpt", "v")
 
 
 def test_layers_are_split_evenly_or_as_listed_and_bad_splits_fail():
@@ -232,6 +275,8 @@ def test_aqsgd_sends_exact_while_warming_up_then_deltas_against_each_samples_buf
         ({"extra_warmup": 2}, "applies to schedule='1f1b'"),
         ({"method": "aqsgd", "aqsgd_storage": "memmap"}, "aqsgd_dir"),
         ({"bandwidth_mbps": -1}, "bandwidth_mbps"),
+        ({"placement": "ring"}, "placement='ring': allowed values are ('linear', 'v')"),
+        ({"placement": "v", "stages": 1}, "needs stages >= 2"),
     ],
 )
 def test_bad_strategy_options_fail_before_any_process_starts(kwargs, fragment):

@@ -128,8 +128,10 @@ def single_process_reference(corpus, tmp_path_factory):
     [
         (2, "gpipe", {}),
         (4, "gpipe", {}),
-        (4, "1f1b", {"extra_warmup": 1}),
-    ],  # stage 2 runs 2 forwards ahead, not 1
+        (4, "1f1b", {"extra_warmup": 1}),  # stage 2 runs 2 forwards ahead, not 1
+        (2, "1f1b", {"placement": "v"}),  # the embedding on the last stage, with its tied head
+        (4, "gpipe", {"placement": "v"}),
+    ],
 )
 def test_none_identity_through_k_stages_matches_one_process(
     k, schedule, more, corpus, tmp_path, single_process_reference
@@ -175,11 +177,14 @@ def test_a_compressed_tied_sum_is_the_same_on_both_stages_and_counts_its_bytes(c
 
 
 # ---------------------------------------------------------------------- compression
-@pytest.mark.parametrize("schedule, extra", [("gpipe", 0), ("1f1b", 1)])
+@pytest.mark.parametrize("schedule, extra, placement", [("gpipe", 0, "linear"), ("1f1b", 1, "v")])
 def test_clapping_buffers_are_bit_identical_and_logged_bytes_are_the_bytes_sent(
-    schedule, extra, corpus, tmp_path
+    schedule, extra, placement, corpus, tmp_path
 ):
+    """With placement 'v' the embedding runs on the last stage, which sends its output to stage 0
+    over a third boundary (2 -> 0) and gets its gradient back: no tied sum, every message counted."""
     k = 3
+    nb = k if placement == "v" else k - 1  # boundary b: stage b -> (b + 1) % k
     records = fit(
         tmp_path,
         make_dm(corpus, tmp_path / "c"),
@@ -192,6 +197,7 @@ def test_clapping_buffers_are_bit_identical_and_logged_bytes_are_the_bytes_sent(
             p=0.5,
             schedule=schedule,
             extra_warmup=extra,
+            placement=placement,
             bandwidth_mbps=50.0,
             timeline_dir=str(tmp_path / "timeline"),
         ),
@@ -204,12 +210,14 @@ def test_clapping_buffers_are_bit_identical_and_logged_bytes_are_the_bytes_sent(
         trace = json.loads((tmp_path / "timeline" / f"timeline_rank{rank}.json").read_text())["traceEvents"]
         compute = [e for e in trace if e.get("cat") == "compute"]
         expected = [f"{kind}{m}" for kind, m in stage_schedule(schedule, rank, k, 2, extra)]
+        if placement == "v" and rank == k - 1:  # the first part: every forward first, every backward last
+            expected = ["F0 first part", "F1 first part", *expected, "B0 first part", "B1 first part"]
         assert [e["name"] for e in compute] == expected * 5
         assert [e["args"]["step"] for e in compute] == [s for s in range(5) for _ in expected]
         assert all(e["dur"] >= 0 for e in trace if e.get("ph") == "X")
     for step in range(5):
-        for b in range(k - 1):
-            for direction, (snd, rcv) in {"fwd": (b, b + 1), "bwd": (b + 1, b)}.items():
+        for b in range(nb):
+            for direction, (snd, rcv) in {"fwd": (b, (b + 1) % k), "bwd": ((b + 1) % k, b)}.items():
                 send = records[snd]["digests"][step][f"b{b}_{direction}_send"]
                 recv = records[rcv]["digests"][step][f"b{b}_{direction}_recv"]
                 assert send == recv
@@ -219,24 +227,26 @@ def test_clapping_buffers_are_bit_identical_and_logged_bytes_are_the_bytes_sent(
         "bwd": build_compressor("topk(0.1)").payload_nbytes(shape, dtype),
     }
     totals = records[0]["totals"]
-    for b in range(k - 1):
+    for b in range(nb):
         sent_fwd = records[b]["sent"]["fwd"]
-        sent_bwd = records[b + 1]["sent"]["bwd"]
+        sent_bwd = records[(b + 1) % k]["sent"]["bwd"]
         assert totals["bytes"][f"b{b}_fwd"] == sent_fwd == 5 * 2 * per_message["fwd"]
         assert totals["bytes"][f"b{b}_bwd"] == sent_bwd == 5 * 2 * per_message["bwd"]
     # the tied embedding and head (vocabulary 64 x 32, fp32): the first and the last stage each send
     # their gradient to the other once a step, exactly, and those bytes count too
-    tied = 5 * 64 * 32 * 4
-    assert (
-        totals["bytes"]["tied0"] == totals["bytes"][f"tied{k - 1}"] == tied and len(totals["bytes"]) == 2 * k
-    )
+    # (placement 'v': the one copy of the weight, on the last stage, has no sum to send)
+    tied = 5 * 64 * 32 * 4 if placement == "linear" else 0
+    assert len(totals["bytes"]) == 2 * nb + (2 if tied else 0)
+    if tied:
+        assert totals["bytes"]["tied0"] == totals["bytes"][f"tied{k - 1}"] == tied
     messages = sum(v for tag, v in totals["bytes"].items() if tag.startswith("b"))
     assert records[0]["metrics"]["pipe/bytes_total"] == messages + 2 * tied
-    raw = 5 * 2 * 4 * 32 * 32 * 4 * 2 * (k - 1)
+    raw = 5 * 2 * 4 * 32 * 32 * 4 * 2 * nb
     assert records[0]["metrics"]["pipe/compression_ratio"] == pytest.approx(
         (messages + 2 * tied) / (raw + 2 * tied)
     )
-    assert all(r["metrics"]["pipe/buffer_bytes/rank0"] == 2 * 2 * 4 * 32 * 32 * 4 for r in records)
+    ends = 2 if placement == "linear" else 4  # stage 0's channel ends, each a buffer per micro-batch slot
+    assert all(r["metrics"]["pipe/buffer_bytes/rank0"] == ends * 2 * 4 * 32 * 32 * 4 for r in records)
     for rank, rec in enumerate(
         records
     ):  # each send waited bytes * 8 / bandwidth (payloads only; headers are free)
@@ -264,6 +274,8 @@ def test_clapping_trains_the_model_well_below_its_starting_loss(method, fwd, bwd
 
 # ---------------------------------------------------------------------- checkpoints
 def test_checkpoint_holds_the_full_model_every_stage_and_the_sampler(corpus, tmp_path):
+    """Placement 'v' (the embedding on the last stage): the gathered model is whole all the same, and
+    validation through the pipeline is that model's."""
     from repro.lit import FinalCheckpoint
 
     final = FinalCheckpoint("final.ckpt")
@@ -272,7 +284,14 @@ def test_checkpoint_holds_the_full_model_every_stage_and_the_sampler(corpus, tmp
         tmp_path,
         dm,
         make_module(),
-        pipeline(2, method="clapping_fc", fwd_compressor="quant(4)", bwd_compressor="quant(8)", p=0.5),
+        pipeline(
+            2,
+            method="clapping_fc",
+            fwd_compressor="quant(4)",
+            bwd_compressor="quant(8)",
+            p=0.5,
+            placement="v",
+        ),
         steps=3,
         devices=2,
         callbacks=[final],
@@ -285,10 +304,9 @@ def test_checkpoint_holds_the_full_model_every_stage_and_the_sampler(corpus, tmp
     state = ckpt["clapping"]
     assert state["steps_done"] == 3 and state["sampler"]["step"] == 3 and state["sampler"]["p"] == 0.5
     assert len(ckpt["optimizer_states"][0]["pipeline_stages"]) == 2
-    assert set(state["codecs"][0]) == {"fwd:send", "bwd:recv"} and set(state["codecs"][1]) == {
-        "fwd:recv",
-        "bwd:send",
-    }
+    assert (
+        set(state["codecs"][0]) == set(state["codecs"][1]) == {"fwd:send", "bwd:recv", "fwd:recv", "bwd:send"}
+    )
     full = GPTLightningModule.load_from_checkpoint(path)  # a single-process module takes the whole model
     assert all(v.numel() > 0 for v in full.state_dict().values())
     trainer = L.Trainer(
@@ -420,7 +438,9 @@ def test_the_strategy_pages_complete_example_trains_under_the_strategy_on_two_pr
 def test_clapping_resumes_from_a_checkpoint_to_the_same_losses(corpus, tmp_path):
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    opts = dict(method="clapping_fc", fwd_compressor="quant(4)", bwd_compressor="quant(8)", p=0.5)
+    opts = dict(
+        method="clapping_fc", fwd_compressor="quant(4)", bwd_compressor="quant(8)", p=0.5, placement="v"
+    )
     dm = make_dm(corpus, tmp_path / "c")
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=3, save_top_k=-1)
     (tmp_path / "a").mkdir()

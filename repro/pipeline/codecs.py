@@ -207,14 +207,19 @@ class ChannelCodec:
             self.sample_buffers.load_state_dict(state["sample_buffers"], device)
 
 
-def channel_ends(rank: int, num_stages: int) -> list[tuple[str, str, int]]:
+def channel_ends(rank: int, num_stages: int, wraps: bool = False) -> list[tuple[str, str, int]]:
     """The (direction, role, boundary) channel ends a stage holds: towards the next stage it sends
-    activations and receives their gradients; towards the previous one, the reverse."""
+    activations and receives their gradients; towards the previous one, the reverse. With ``wraps``
+    (``placement='v'``) the last stage's first part feeds stage 0 over boundary ``num_stages - 1``."""
     ends = []
     if rank < num_stages - 1:
         ends += [("fwd", "send", rank), ("bwd", "recv", rank)]
     if rank > 0:
         ends += [("fwd", "recv", rank - 1), ("bwd", "send", rank - 1)]
+    if wraps and rank == num_stages - 1:
+        ends += [("fwd", "send", rank), ("bwd", "recv", rank)]
+    if wraps and rank == 0:
+        ends += [("fwd", "recv", num_stages - 1), ("bwd", "send", num_stages - 1)]
     return ends
 
 
@@ -225,11 +230,13 @@ def build_codecs(
     num_stages: int,
     seed: int = 0,
     sample_buffers: Callable[[int, str], SampleBuffers] | None = None,
+    wraps: bool = False,
 ) -> dict[tuple[str, str], ChannelCodec]:
     """Every channel end of one stage, ``(direction, role) -> codec``. ``sample_buffers(boundary,
-    role)`` makes AQ-SGD's per-sample rows of a forward end (method 'aqsgd' only)."""
+    role)`` makes AQ-SGD's per-sample rows of a forward end (method 'aqsgd' only); ``wraps``: see
+    :func:`channel_ends`."""
     codecs = {}
-    for direction, role, boundary in channel_ends(rank, num_stages):
+    for direction, role, boundary in channel_ends(rank, num_stages, wraps):
         rows = None
         if method == "aqsgd" and direction == "fwd":
             if sample_buffers is None:

@@ -15,6 +15,7 @@ from .codecs import METHODS
 from .compressors import Compressor, build_compressor
 from .sample_buffers import SAMPLE_STORAGE
 from .schedule import SCHEDULES
+from .stage_parts import PLACEMENTS
 
 NONFINITE = ("raise", "skip")  # what a step with a NaN or inf message or loss does
 BACKENDS = (None, "gloo", "nccl")
@@ -28,6 +29,7 @@ class PipelineOptions:
     micro_batches: int = 4  # M micro-batches per batch (the batch size must divide by M)
     schedule: str = "gpipe"  # 'gpipe' (all forwards, then all backwards) or '1f1b'
     extra_warmup: int = 0  # 1f1b: forwards each stage runs ahead of 1F1B's K - 1 - k (slow links; memory)
+    placement: str = "linear"  # 'linear' or 'v' (the first part, a token embedding, on the last stage)
     method: str = "none"  # none | direct | ef21 | aqsgd | clapping_fc | clapping_fu
     fwd_compressor: str = "identity"  # activations: identity, fp16, bf16, topk(r), randk(r), quant(bits)
     bwd_compressor: str = "identity"  # compressor of activation gradients (same choices)
@@ -82,6 +84,12 @@ class PipelineOptions:
             raise ValueError(
                 f"strategy extra_warmup={self.extra_warmup}: applies to schedule='1f1b' (gpipe already runs every "
                 f"forward first)"
+            )
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"strategy placement={self.placement!r}: allowed values are {PLACEMENTS}")
+        if self.placement == "v" and self.stages == 1:
+            raise ValueError(
+                "strategy placement='v' runs the first part on the last stage: it needs stages >= 2"
             )
         if self.method not in METHODS:
             raise ValueError(f"strategy method={self.method!r}: allowed values are {METHODS}")

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from .codecs import ChannelCodec, MessageContext
-from .compressors import Identity
+from .compressors import Identity, Payload
 from .schedule import Action, forward_schedule
 from .stage_parts import StageSplit
 from .train_step import TrainStep
@@ -124,17 +124,30 @@ class StageRunner:
     def _input_shape(self, signature: tuple, m: int) -> tuple[tuple[int, ...], torch.dtype]:
         if signature not in self.shapes:
             self.shapes[signature] = self.links.recv_header(
-                self.stage - 1, "fwd", 2 * m + 1, f"shape header {m}"
+                self.split.previous, "fwd", 2 * m + 1, f"shape header {m}"
             )
         return self.shapes[signature]
 
     def _send_forward(
         self, y: torch.Tensor, m: int, signature: tuple, codec: ChannelCodec | None, ctx, stats
     ):
+        """Send a forward message to the next stage (stage 0 when the last stage's first part
+        sends it: ``placement='v'``); every rank sends forward on one boundary at most."""
+        dst = (self.stage + 1) % self.split.num_stages
         if signature not in self.sent_signatures:
-            self.links.send_header(tuple(y.shape), y.dtype, self.stage + 1, "fwd", 2 * m + 1)
+            self.links.send_header(tuple(y.shape), y.dtype, dst, "fwd", 2 * m + 1)
             self.sent_signatures.add(signature)
-        self._send(y, m, "fwd", self.stage + 1, codec, ctx, stats.fwd if stats else None)
+        self._send(y, m, "fwd", dst, codec, ctx, stats.fwd if stats else None)
+
+    def receive_input(self, m: int, signature: tuple, codec: ChannelCodec | None, ctx) -> torch.Tensor:
+        """Micro-batch ``m``'s input message from the previous stage (exact when ``codec`` is None)."""
+        shape, dtype = self._input_shape(signature, m)
+        nbytes = codec.payload_nbytes(shape, dtype, m, ctx) if codec else EXACT.payload_nbytes(shape, dtype)
+        data = self.links.recv(nbytes, self.split.previous, "fwd", 2 * m, f"activation {m}").wait()
+        if codec is None:
+            return EXACT.decompress(data, shape, dtype)
+        with self.links.timeline.span(f"decode fwd {m}", "codec"):
+            return codec.decode(Payload(data), shape, dtype, m, ctx)
 
     def _send(self, x: torch.Tensor, m: int, direction: str, dst: int, codec, ctx, stats) -> None:
         x = x.detach()
@@ -164,14 +177,15 @@ class StageRunner:
         contexts: list[MessageContext],
         schedule: list[Action],
         loss_scale: float,
+        feed_ahead: int | None = None,
     ) -> tuple[torch.Tensor | None, StepStats]:
-        """Run the schedule (``train_step.py``); gradients accumulate into the parameters'
-        ``.grad``. Returns the sum of the micro-batch losses (last stage; ``None`` elsewhere) and
-        what this rank sent."""
+        """Run the schedule (``train_step.py``; ``feed_ahead``: how far the last stage's first part
+        runs ahead, placement 'v'); gradients accumulate into the parameters' ``.grad``. Returns the
+        sum of the micro-batch losses (last stage; ``None`` elsewhere) and what this rank sent."""
         stats = StepStats()
         signatures = [batch_signature(mb) for mb in micro_batches]
         step = TrainStep(self, micro_batches, contexts, loss_scale, stats, signatures)
-        step.run(schedule)
+        step.run(schedule, feed_ahead)
         self.links.finish_sends()
         return step.loss_sum, stats
 
@@ -181,17 +195,18 @@ class StageRunner:
         split, links = self.split, self.links
         total: torch.Tensor | None = None
         count = 0
+        signatures = [batch_signature(mb) for mb in micro_batches]
+        if split.wraps and split.is_last:  # the first part runs here and feeds stage 0
+            for m, mb in enumerate(micro_batches):
+                self._send_forward(split.forward_first(self.input_fn(mb)), m, signatures[m], None, None, None)
         for action in forward_schedule(len(micro_batches)):
             m = action.micro_batch
             mb = micro_batches[m]
-            sig = batch_signature(mb)
-            if split.is_first:
-                x = self.input_fn(mb)
-            else:
-                shape, dtype = self._input_shape(sig, m)
-                nbytes = EXACT.payload_nbytes(shape, dtype)
-                data = links.recv(nbytes, self.stage - 1, "fwd", 2 * m, f"activation {m}").wait()
-                x = EXACT.decompress(data, shape, dtype)
+            x = (
+                self.receive_input(m, signatures[m], None, None)
+                if split.receives_input
+                else self.input_fn(mb)
+            )
             y = split.forward(x)
             if split.is_last:
                 n = _batch_size(mb)
@@ -199,6 +214,6 @@ class StageRunner:
                 total = value if total is None else total + value
                 count += n
             else:
-                self._send_forward(y, m, sig, None, None, None)
+                self._send_forward(y, m, signatures[m], None, None, None)
         links.finish_sends()
         return total, count

@@ -54,3 +54,12 @@ def stage_schedule(
 def forward_schedule(micro_batches: int) -> list[Action]:
     """Evaluation: forwards only."""
     return [Action("F", i) for i in range(micro_batches)]
+
+
+def first_part_lead(name: str, num_stages: int, micro_batches: int, extra_warmup: int = 0) -> int:
+    """``placement='v'``: how many micro-batches the last stage's first part runs before its own
+    schedule, one more than stage 0 can run forward before its first backward (1f1b; all M for
+    gpipe, whose stage 0 runs every forward first)."""
+    actions = stage_schedule(name, 0, num_stages, micro_batches, extra_warmup)
+    before_first_backward = next(i for i, a in enumerate(actions) if a.kind == "B")
+    return min(before_first_backward + 1, micro_batches)

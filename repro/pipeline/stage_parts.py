@@ -116,14 +116,29 @@ def layers_per_stage(n_layers: int, n_stages: int, explicit: Sequence[int] | Non
     return [base + (1 if s < extra else 0) for s in range(n_stages)]
 
 
+PLACEMENTS = ("linear", "v")  # where the model's first part runs: on stage 0, or on the last stage
+
+
 @dataclass
 class StageSplit:
-    """What stage ``stage`` holds."""
+    """What stage ``stage`` holds. With ``placement='v'`` the model's ``first`` part (e.g. a token
+    embedding tied to the output head) runs on the last stage, beside ``last``: the last stage
+    sends its output to stage 0 (the pipeline's wrap-around boundary, ``num_stages - 1``) and
+    receives its gradient back, so a weight that ``first`` and ``last`` share has one copy."""
 
     stage: int
     num_stages: int
     counts: list[int]
     parts: StageParts
+    placement: str = "linear"
+
+    def __post_init__(self) -> None:
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement={self.placement!r}: allowed values are {PLACEMENTS}")
+        if self.placement == "v" and self.num_stages < 2:
+            raise ValueError(
+                "placement='v' runs the first part on the last stage: it needs at least 2 stages"
+            )
 
     @property
     def is_first(self) -> bool:
@@ -133,23 +148,58 @@ class StageSplit:
     def is_last(self) -> bool:
         return self.stage == self.num_stages - 1
 
+    @property
+    def first_part_stage(self) -> int:
+        """The stage that runs the model's ``first`` part."""
+        return self.num_stages - 1 if self.placement == "v" else 0
+
+    @property
+    def wraps(self) -> bool:
+        """The last stage sends to stage 0 (``placement='v'``)."""
+        return self.placement == "v"
+
+    @property
+    def num_boundaries(self) -> int:
+        """Boundaries with messages: ``b`` is from stage ``b`` to ``(b + 1) % num_stages``."""
+        return self.num_stages if self.wraps else self.num_stages - 1
+
+    @property
+    def receives_input(self) -> bool:
+        """This stage's layers start from a message (else from the ``first`` part, here)."""
+        return not self.is_first or self.wraps
+
+    @property
+    def previous(self) -> int:
+        """The stage this one receives its input from."""
+        return (self.stage - 1) % self.num_stages
+
     def layer_range(self, stage: int | None = None) -> range:
         s = self.stage if stage is None else stage
         start = sum(self.counts[:s])
         return range(start, start + self.counts[s])
 
-    def modules_of(self, stage: int) -> list[nn.Module]:
-        mods: list[nn.Module] = [self.parts.first] if stage == 0 else []
+    def chain_of(self, stage: int) -> list[nn.Module]:
+        """What ``stage`` runs on its input, in order (the first part only where it feeds the layers)."""
+        mods: list[nn.Module] = [self.parts.first] if stage == 0 and not self.wraps else []
         mods += [self.parts.layers[i] for i in self.layer_range(stage)]
         if stage == self.num_stages - 1:
             mods.append(self.parts.last)
         return mods
 
+    def modules_of(self, stage: int) -> list[nn.Module]:
+        """Every part ``stage`` holds."""
+        chain = self.chain_of(stage)
+        return [self.parts.first, *chain] if self.wraps and stage == self.first_part_stage else chain
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """This stage's parts applied in order."""
-        for module in self.modules_of(self.stage):
+        """This stage's chain applied in order."""
+        for module in self.chain_of(self.stage):
             x = module(x)
         return x
+
+    def forward_first(self, x: torch.Tensor) -> torch.Tensor:
+        """The model's first part (on the last stage, ``placement='v'``)."""
+        return self.parts.first(x)
 
 
 def parameters_line(split: StageSplit) -> str:

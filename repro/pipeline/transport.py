@@ -107,6 +107,9 @@ class StageLinks:
         timeout_s: Seconds any receive may wait.
         bandwidth_mbps: Emulated link bandwidth (None = no emulation).
         stage_through_host: Copy payloads to host memory before sending (gloo with CUDA tensors).
+        wrap_from: The last stage when it feeds stage 0 (placement 'v'): the messages of that
+            wrap-around boundary (forward from it, backward from stage 0) travel on the groups
+            'wrap_fwd' and 'wrap_bwd'.
     """
 
     def __init__(
@@ -117,8 +120,10 @@ class StageLinks:
         timeout_s: float,
         bandwidth_mbps: float | None = None,
         stage_through_host: bool = False,
+        wrap_from: int | None = None,
     ) -> None:
         self.rank = rank
+        self.wrap_from = wrap_from
         self.groups = groups
         self.device = device
         self.timeout = timedelta(seconds=timeout_s)
@@ -128,6 +133,11 @@ class StageLinks:
         self.counters = LinkCounters()
         self._sends: list[tuple[object, torch.Tensor]] = []
         self.timeline = NO_TIMELINE  # the strategy's, when it records one
+
+    def _group(self, direction: str, src: int):
+        """The process group of a message from stage ``src``."""
+        wraps = self.wrap_from is not None and src == (self.wrap_from if direction == "fwd" else 0)
+        return self.groups[f"wrap_{direction}" if wraps else direction]
 
     def _wire(self, t: torch.Tensor) -> torch.Tensor:
         return t.cpu() if self.stage_through_host and t.device.type != "cpu" else t.contiguous()
@@ -143,7 +153,7 @@ class StageLinks:
         assert data.dtype == torch.uint8 and data.dim() == 1
         wire = self._wire(data)
         self._emulate(wire.numel())
-        work = dist.isend(wire, dst=dst, group=self.groups[direction], tag=tag)
+        work = dist.isend(wire, dst=dst, group=self._group(direction, self.rank), tag=tag)
         self._sends.append((work, wire))
         self.counters.bytes_sent[direction] += wire.numel()
         self.timeline.instant(f"send {direction} tag {tag}", "send", dst=dst, bytes=wire.numel())
@@ -152,7 +162,7 @@ class StageLinks:
         """Post a receive of ``nbytes``; ``.wait()`` returns the bytes (or raises on timeout)."""
         on_host = self.stage_through_host and self.device.type != "cpu"
         buffer = torch.empty(nbytes, dtype=torch.uint8, device="cpu" if on_host else self.device)
-        work = dist.irecv(buffer, src=src, group=self.groups[direction], tag=tag)
+        work = dist.irecv(buffer, src=src, group=self._group(direction, src), tag=tag)
         self.timeline.instant(f"receive posted: {what}", "recv", src=src, bytes=nbytes)
         return PendingRecv(self, work, buffer, self.device, what, src)
 
@@ -168,7 +178,7 @@ class StageLinks:
         header[1 : 1 + len(shape)] = torch.tensor(shape, dtype=torch.int64)
         header[9] = _DTYPES.index(dtype)
         wire = header.view(torch.uint8).to(self.device if not self.stage_through_host else "cpu")
-        work = dist.isend(wire, dst=dst, group=self.groups[direction], tag=tag)
+        work = dist.isend(wire, dst=dst, group=self._group(direction, self.rank), tag=tag)
         self._sends.append((work, wire))
 
     def recv_header(

@@ -62,7 +62,7 @@ def rank_main(spec: dict[str, Any]) -> None:
     strategy = run_strategy(
         s, run, "popen", timeout_s=600, warmup_epochs=0, tied_compressor=run.tied_compressor,
         schedule=run.schedule or s.link_schedule, micro_batches=run.micro_batches or s.link_micro_batches,
-        extra_warmup=run.extra_warmup,
+        extra_warmup=run.extra_warmup, placement=run.placement,
     )  # fmt: skip
     trainer = make_trainer(
         steps=steps,
@@ -109,10 +109,11 @@ def torch_rank_main(s: BenchSettings, run: NetworkRun, spec: dict[str, Any]) -> 
 
 def uplink_bytes(metrics: dict[str, float], k: int) -> list[float]:
     """Bytes each rank sent over the whole run (its uplink): forward messages of its boundary,
-    backward messages of the boundary before it, its tied-gradient sums."""
+    backward messages of the boundary before it (stage 0's: of boundary K - 1, placement 'v'), its
+    tied-gradient sums."""
     total = metrics.get
     return [
-        total(f"pipe/bytes_total/b{r}_fwd", 0.0) + total(f"pipe/bytes_total/b{r - 1}_bwd", 0.0)
+        total(f"pipe/bytes_total/b{r}_fwd", 0.0) + total(f"pipe/bytes_total/b{(r - 1) % k}_bwd", 0.0)
         + total(f"pipe/bytes_total/tied{r}", 0.0)
         for r in range(k)
     ]  # fmt: skip

@@ -21,6 +21,7 @@ from repro.experiments.kit.settings import load_settings as load_settings_file
 from repro.pipeline.codecs import METHODS
 from repro.pipeline.compressors import build_compressor
 from repro.pipeline.schedule import SCHEDULES
+from repro.pipeline.stage_parts import PLACEMENTS
 
 PRESETS = ("full", "quick", "gpu", "versus_torch", "links")
 SECTIONS = (
@@ -50,6 +51,7 @@ class NetworkRun:
     micro_batches: int | None = None  # link section: M; None = link_micro_batches
     engine: str = "ours"  # link section: ours (the clapping strategy) | torch (torch.distributed.pipelining)
     extra_warmup: int = 0  # link section, 1f1b: forwards a stage runs ahead of 1F1B's (the strategy's)
+    placement: str = "linear"  # link section: the strategy's placement ('v': the embedding on the last stage)
 
     @property
     def label(self) -> str:
@@ -64,6 +66,8 @@ class NetworkRun:
                 else f"{self.fwd_compressor}/{self.bwd_compressor}"
             )
             out = f"{self.method} {comp}" + (f" p={self.p:g}" if self.p != 1.0 else "")
+        if self.placement != "linear":
+            out += f", placement {self.placement}"
         if self.untied:
             out += ", untied"
         elif self.tied_compressor != "identity":
@@ -238,6 +242,11 @@ class BenchSettings:
                     raise ValueError(
                         f"{where}: {field_name} engine='torch' (torch.distributed.pipelining) runs in link_runs "
                         f"only, with method none, identity compressors, p 1 and the exact tied sum"
+                    )
+                if run.placement not in PLACEMENTS or (run.placement != "linear" and run.engine != "ours"):
+                    raise ValueError(
+                        f"{where}: {field_name} placement={run.placement!r}: allowed {PLACEMENTS} (the strategy's "
+                        f"option; torch's runs are linear)"
                     )
                 if run.extra_warmup and (
                     run.engine != "ours" or (run.schedule or self.link_schedule) != "1f1b"

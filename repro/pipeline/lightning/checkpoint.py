@@ -51,7 +51,15 @@ def pipeline_state(strategy, with_sample_rows: bool) -> dict[str, Any] | None:
     }
 
 
-def check_same_pipeline(state: dict[str, Any], num_stages: int, counts: list[int] | None, path) -> None:
+def check_same_pipeline(
+    state: dict[str, Any], num_stages: int, counts: list[int] | None, path, placement: str = "linear"
+) -> None:
+    written = state.get("options", {}).get("placement", "linear")  # checkpoints before the option: linear
+    if written != placement:  # each stage's optimizer state holds the parameters of its own parts
+        raise ValueError(
+            f"checkpoint {path}: written with strategy placement={written!r}; this run has placement="
+            f"{placement!r}. Resume with the same placement, or load the full model with a single-process Trainer"
+        )
     if state["num_stages"] != num_stages or (counts and state["layers_per_stage"] != counts):
         raise ValueError(
             f"checkpoint {path}: written by a {state['num_stages']}-stage pipeline with layers "
@@ -83,7 +91,8 @@ def restore_pipeline_state(strategy, ckpt: dict[str, Any], path) -> None:
     state = ckpt.get("clapping")
     if state is None:
         return
-    check_same_pipeline(state, strategy.num_stages, strategy.split.counts if strategy.split else None, path)
+    counts = strategy.split.counts if strategy.split else None
+    check_same_pipeline(state, strategy.num_stages, counts, path, strategy.options.placement)
     codecs = dict(state["codecs"][strategy.global_rank]) if state.get("codecs") else {}
     tied = codecs.pop(TIED, None)
     if tied is not None and strategy.tied is not None:

@@ -64,8 +64,9 @@ def build_stage_codecs(strategy, dataset_size: int) -> None:
         return SampleBuffers(n_samples, opts.aqsgd_storage, opts.aqsgd_dir, f"aqsgd-b{boundary}-{role}")
 
     codecs = build_codecs(
-        opts.method, opts.compressors, strategy.global_rank, strategy.num_stages, opts.compression_seed, rows
-    )
+        opts.method, opts.compressors, strategy.global_rank, strategy.num_stages, opts.compression_seed, rows,
+        wraps=strategy.split.wraps,
+    )  # fmt: skip
     strategy.state.attach_codecs(codecs, strategy.root_device)
 
 

@@ -129,7 +129,10 @@ class StageProcesses(ParallelStrategy):
         try:
             if not dist.is_initialized():
                 compat.init_process_group(self.cluster_environment, backend, **kwargs)
-            # one group per direction (ordering on NCCL), and a gloo group for Python objects
+            # one group per direction (ordering on NCCL), and a gloo group for Python objects; with
+            # placement 'v' the wrap-around boundary (last stage -> stage 0) has its own two: gloo
+            # carries one message at a time per connection, so at K = 2 the two directions of a
+            # group would take turns
             self._groups = {
                 "fwd": dist.new_group(backend=backend, timeout=timeout),
                 "bwd": dist.new_group(backend=backend, timeout=timeout),
@@ -137,6 +140,9 @@ class StageProcesses(ParallelStrategy):
                 if backend != "gloo"
                 else dist.group.WORLD,
             }
+            if self.options.placement == "v":
+                for name in ("wrap_fwd", "wrap_bwd"):
+                    self._groups[name] = dist.new_group(backend=backend, timeout=timeout)
         except (RuntimeError, TimeoutError) as exc:  # gloo's and the store's errors are many lines
             raise rendezvous_failed(exc, self.global_rank) from None
 

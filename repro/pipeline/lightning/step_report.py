@@ -60,7 +60,8 @@ class StepReport:
             if channel.nonfinite > 0 and tag.startswith("b"):
                 b, direction = tag[1:].split("_")
                 b = int(b)
-                src, dst = (b, b + 1) if direction == "fwd" else (b + 1, b)
+                nxt = (b + 1) % len(self.buffer_bytes)  # boundary K - 1 wraps to stage 0 (placement='v')
+                src, dst = (b, nxt) if direction == "fwd" else (nxt, b)
                 what = "activations" if direction == "fwd" else "gradients"
                 faults.append(f"the {direction} message ({what}) of boundary {b}, stage {src} -> {dst}")
         if not math.isfinite(self.loss):
@@ -122,12 +123,15 @@ def reduce_window(
     emulated_s: float,
     param_bytes: float,
     device: torch.device,
+    boundaries: int | None = None,
 ) -> StepReport:
     """Every rank's statistics of the window to every rank (a collective: all ranks call it at the
-    same step); the window starts again empty."""
+    same step); the window starts again empty. ``boundaries``: K - 1 (the default), or K when the
+    last stage feeds stage 0 (placement='v'): boundary b is from stage b to stage (b + 1) % K."""
     k, n = num_stages, len(STAT_FIELDS)
+    nb = k - 1 if boundaries is None else boundaries
     block = 2 * n  # per boundary: fwd fields, then bwd fields
-    tail = (k - 1) * block
+    tail = nb * block
     vec = torch.zeros(tail + 5 * k, dtype=torch.float64, device=device)
 
     def put(boundary: int, offset: int, sums: list) -> None:
@@ -135,10 +139,10 @@ def reduce_window(
         for i, value in enumerate(sums):
             vec[base + i] = value
 
-    if rank < k - 1:
+    if rank < nb:  # a rank sends activations on boundary rank, gradients on the one before it
         put(rank, 0, window.sums["fwd"])
-    if rank > 0:
-        put(rank - 1, n, window.sums["bwd"])
+    if rank > 0 or nb == k:
+        put((rank - 1) % k, n, window.sums["bwd"])
     vec[tail + rank] = buffer_bytes
     vec[tail + k + rank] = emulated_s
     vec[tail + 2 * k + rank] = param_bytes
@@ -148,7 +152,7 @@ def reduce_window(
     steps = window.steps
     window.clear()
     channels = {}
-    for b in range(k - 1):
+    for b in range(nb):
         for j, direction in enumerate(("fwd", "bwd")):
             base = b * block + j * n
             f = dict(zip(STAT_FIELDS, values[base : base + n]))

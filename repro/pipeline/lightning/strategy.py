@@ -34,7 +34,7 @@ from ..codecs import MessageContext
 from ..model_split import LocalModel, clip_global_grad_norm, keep_local_parts
 from ..options import OPTION_NAMES, PipelineOptions, options_doc
 from ..runner import NonFiniteError, StageRunner, split_batch
-from ..schedule import stage_schedule
+from ..schedule import first_part_lead, stage_schedule
 from ..stage_parts import (
     MaterializesStages,
     StageAdapter,
@@ -87,6 +87,7 @@ class ClappingStrategy(PipelineCheckpoints, PipelineEvaluation, StageProcesses):
         micro_batches: int = _D.micro_batches,
         schedule: str = _D.schedule,
         extra_warmup: int = _D.extra_warmup,
+        placement: str = _D.placement,
         method: str = _D.method,
         fwd_compressor: str = _D.fwd_compressor,
         bwd_compressor: str = _D.bwd_compressor,
@@ -154,7 +155,7 @@ class ClappingStrategy(PipelineCheckpoints, PipelineEvaluation, StageProcesses):
         parts = self.adapter.parts()
         K = self.num_stages
         counts = layers_per_stage(len(parts.layers), K, self.options.layers_per_stage)
-        self.split = StageSplit(self.global_rank, self.num_stages, counts, parts)
+        self.split = StageSplit(self.global_rank, self.num_stages, counts, parts, self.options.placement)
         if self.global_rank == 0:  # Lightning's model summary sees rank 0's stage only; the steps not run
             rank_zero_info("\n".join(filter(None, (parameters_line(self.split), steps_not_run(module)))))
         if isinstance(self.adapter, MaterializesStages):  # read this stage's weights only
@@ -184,6 +185,7 @@ class ClappingStrategy(PipelineCheckpoints, PipelineEvaluation, StageProcesses):
             self.options.timeout_s,
             self.options.bandwidth_mbps,
             stage_through_host=self._backend() == "gloo" and self.root_device.type != "cpu",
+            wrap_from=self.num_stages - 1 if self.split.wraps else None,
         )
         if self.options.timeline_dir:  # where each step's time goes (timeline.py)
             links.timeline = self.tied.timeline = Timeline(self.global_rank)
@@ -264,7 +266,8 @@ class ClappingStrategy(PipelineCheckpoints, PipelineEvaluation, StageProcesses):
             else None
         )
         with self.precision_plugin.train_step_context():
-            loss_sum, stats = self.runner.train_step(micro, contexts, schedule, scale)
+            lead = first_part_lead(opts.schedule, self.num_stages, len(micro), opts.extra_warmup)
+            loss_sum, stats = self.runner.train_step(micro, contexts, schedule, scale, lead)
         self.window.add_tied(*self.tied.sum(step))
         self._stashed_grads = [(p, p.grad) for p in params if p.grad is not None]
         for p, g in earlier:
@@ -316,6 +319,7 @@ class ClappingStrategy(PipelineCheckpoints, PipelineEvaluation, StageProcesses):
             self.runner.links.counters.emulated_seconds,
             float(self.local.owned_bytes),
             self.root_device,
+            self.split.num_boundaries,
         )
         if report.steps:
             self.state.totals.add(report)
