@@ -110,6 +110,12 @@ def test_placement_v_puts_the_first_part_beside_the_last_with_one_copy_of_a_tied
                                               ("bwd", "recv", 2)]  # fmt: skip
     with pytest.raises(ValueError, match="needs at least 2 stages"):
         StageSplit(0, 1, [3], parts, "v")
+    from repro.pipeline.lightning.run_checks import check_pipeline_config
+
+    with pytest.raises(
+        ValueError, match=r"placement='v' .* trainer.devices=1 x trainer.num_nodes=1 gives one stage"
+    ):
+        check_pipeline_config({"trainer": {"devices": 1}}, {"placement": "v"})
     # the last stage's first part runs one micro-batch beyond stage 0's forwards before its first backward
     assert first_part_lead("1f1b", 2, 16, 1) == 4 and first_part_lead("1f1b", 4, 16, 0) == 5
     assert first_part_lead("gpipe", 4, 16) == 16 and first_part_lead("1f1b", 4, 3, 2) == 3

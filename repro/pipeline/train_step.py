@@ -77,16 +77,19 @@ class TrainStep:
 
     def first_backwards(self) -> None:
         """The first part's backward of every micro-batch, in micro-batch order (the same sums every run)."""
-        timeline = self.r.links.timeline
         for m in range(len(self.micro)):
-            e = self.first_out.pop(m)
-            data = self.pending_first_grad.pop(m).wait()
-            with timeline.span(f"decode bwd {m} first part", "codec"):
-                g = self.codecs["bwd", "recv"].decode(
-                    Payload(data), tuple(e.shape), e.dtype, m, self.contexts[m]
-                )
-            with timeline.span(f"B{m} first part", "compute"):
-                e.backward(g)
+            self._backward_received(self.first_out.pop(m), self.pending_first_grad.pop(m), m, " first part")
+
+    def _backward_received(self, out: torch.Tensor, pending: Any, m: int, what: str = "") -> None:
+        """The backward of ``out`` from its gradient's message (received, decoded)."""
+        timeline = self.r.links.timeline
+        data = pending.wait()
+        with timeline.span(f"decode bwd {m}{what}", "codec"):
+            g = self.codecs["bwd", "recv"].decode(
+                Payload(data), tuple(out.shape), out.dtype, m, self.contexts[m]
+            )
+        with timeline.span(f"B{m}{what}", "compute"):
+            out.backward(g)
 
     def forward(self, m: int) -> None:
         r, split, timeline = self.r, self.r.split, self.r.links.timeline
@@ -119,13 +122,7 @@ class TrainStep:
             with timeline.span(f"B{m}", "compute"):
                 (out * self.scale).backward()
         else:
-            data = self.pending_grad.pop(m).wait()
-            with timeline.span(f"decode bwd {m}", "codec"):
-                g = self.codecs["bwd", "recv"].decode(
-                    Payload(data), tuple(out.shape), out.dtype, m, self.contexts[m]
-                )
-            with timeline.span(f"B{m}", "compute"):
-                out.backward(g)
+            self._backward_received(out, self.pending_grad.pop(m), m)
         x = self.inputs.pop(m)
         if split.receives_input:
             grad = x.grad if x.grad is not None else torch.zeros_like(x)

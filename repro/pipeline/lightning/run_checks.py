@@ -77,6 +77,11 @@ def check_pipeline_config(config: Mapping[str, Any], options: Mapping[str, Any])
             f"{processes} processes; the pipeline needs one process per stage: set trainer.devices={stages} "
             f"(or leave stages unset)"
         )
+    if options.get("placement") == "v" and processes < 2:
+        raise ValueError(
+            f"trainer.strategy placement='v' runs the first part on the last stage, but trainer.devices={devices} x "
+            f"trainer.num_nodes={nodes} gives one stage; use at least 2 devices (or placement='linear')"
+        )
     n_layer, what = _model_layers(config.get("model") or {})
     if isinstance(n_layer, int) and processes > n_layer:
         raise ValueError(
