@@ -88,7 +88,7 @@ def test_placement_v_puts_the_first_part_beside_the_last_with_one_copy_of_a_tied
     from repro.pipeline.codecs import channel_ends
     from repro.pipeline.lightning.checkpoint import check_same_pipeline
     from repro.pipeline.model_split import keep_local_parts
-    from repro.pipeline.stage_parts import StageSplit
+    from repro.pipeline.stage_parts import StageSplit, parameters_line
 
     cfg = GPTConfig(n_layer=3, n_embd=16, n_head=2, rope_dims=[4] * 3, vocab_size=32, block_size=8)
     for placement, tied_groups in (("linear", [(0, 2)]), ("v", [])):
@@ -103,6 +103,11 @@ def test_placement_v_puts_the_first_part_beside_the_last_with_one_copy_of_a_tied
         )
         model = GPT(cfg)
         split = StageSplit(2, 3, [1, 1, 1], GPTStages(model).parts(), placement)
+        whole = sum(p.numel() for p in model.parameters())  # the tied weight once
+        copies = whole + (
+            model.wte.weight.numel() if placement == "linear" else 0
+        )  # once per stage holding it
+        assert f" {copies:,} in all" in parameters_line(split)
         assert keep_local_parts(model, split).tied_groups == tied_groups
     assert channel_ends(0, 3, wraps=True) == [("fwd", "send", 0), ("bwd", "recv", 0), ("fwd", "recv", 2),
                                               ("bwd", "send", 2)]  # fmt: skip

@@ -205,8 +205,9 @@ class StageSplit:
 def parameters_line(split: StageSplit) -> str:
     """The parameters of every stage, in one line (Lightning's model summary counts one stage)."""
     k = split.num_stages
-    per_stage = [sum(p.numel() for m in split.modules_of(s) for p in m.parameters()) for s in range(k)]
+    held = [{id(p): p.numel() for m in split.modules_of(s) for p in m.parameters()} for s in range(k)]
+    per_stage = [sum(params.values()) for params in held]
     return (
-        f"[clapping] {k} stages: {per_stage} parameters per stage, {sum(per_stage):,} in all (a tied embedding "
-        f"counts on both its stages); Lightning's model summary counts rank 0's stage alone"
+        f"[clapping] {k} stages: {per_stage} parameters per stage, {sum(per_stage):,} in all (a weight tied "
+        f"across stages counts on each); Lightning's model summary counts rank 0's stage alone"
     )
