@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from .codecs import ChannelCodec, MessageContext
-from .compressors import Identity, Payload
+from .compressors import Identity
 from .schedule import Action, forward_schedule
 from .stage_parts import StageSplit
 from .train_step import TrainStep
@@ -133,21 +133,18 @@ class StageRunner:
     ):
         """Send a forward message to the next stage (stage 0 when the last stage's first part
         sends it: ``placement='v'``); every rank sends forward on one boundary at most."""
-        dst = (self.stage + 1) % self.split.num_stages
+        dst = self.split.next
         if signature not in self.sent_signatures:
             self.links.send_header(tuple(y.shape), y.dtype, dst, "fwd", 2 * m + 1)
             self.sent_signatures.add(signature)
         self._send(y, m, "fwd", dst, codec, ctx, stats.fwd if stats else None)
 
-    def receive_input(self, m: int, signature: tuple, codec: ChannelCodec | None, ctx) -> torch.Tensor:
-        """Micro-batch ``m``'s input message from the previous stage (exact when ``codec`` is None)."""
+    def _receive_exact_input(self, m: int, signature: tuple) -> torch.Tensor:
+        """Micro-batch ``m``'s exact input message from the previous stage (evaluation)."""
         shape, dtype = self._input_shape(signature, m)
-        nbytes = codec.payload_nbytes(shape, dtype, m, ctx) if codec else EXACT.payload_nbytes(shape, dtype)
+        nbytes = EXACT.payload_nbytes(shape, dtype)
         data = self.links.recv(nbytes, self.split.previous, "fwd", 2 * m, f"activation {m}").wait()
-        if codec is None:
-            return EXACT.decompress(data, shape, dtype)
-        with self.links.timeline.span(f"decode fwd {m}", "codec"):
-            return codec.decode(Payload(data), shape, dtype, m, ctx)
+        return EXACT.decompress(data, shape, dtype)
 
     def _send(self, x: torch.Tensor, m: int, direction: str, dst: int, codec, ctx, stats) -> None:
         x = x.detach()
@@ -202,11 +199,7 @@ class StageRunner:
         for action in forward_schedule(len(micro_batches)):
             m = action.micro_batch
             mb = micro_batches[m]
-            x = (
-                self.receive_input(m, signatures[m], None, None)
-                if split.receives_input
-                else self.input_fn(mb)
-            )
+            x = self._receive_exact_input(m, signatures[m]) if split.receives_input else self.input_fn(mb)
             y = split.forward(x)
             if split.is_last:
                 n = _batch_size(mb)

@@ -173,6 +173,11 @@ class StageSplit:
         """The stage this one receives its input from."""
         return (self.stage - 1) % self.num_stages
 
+    @property
+    def next(self) -> int:
+        """The stage this one sends its forward messages to (the last stage's go to stage 0, 'v')."""
+        return (self.stage + 1) % self.num_stages
+
     def layer_range(self, stage: int | None = None) -> range:
         s = self.stage if stage is None else stage
         start = sum(self.counts[:s])

@@ -41,9 +41,8 @@ class TrainStep:
         self.inputs: dict[int, torch.Tensor] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.loss_sum: torch.Tensor | None = None
-        self.first_out: dict[
-            int, torch.Tensor
-        ] = {}  # the first part's outputs sent to stage 0 (placement='v')
+        # placement 'v', last stage: the first part's outputs sent to stage 0, their gradients' receives
+        self.first_out: dict[int, torch.Tensor] = {}
         self.pending_first_grad: dict[int, Any] = {}
         split = runner.split
         if split.receives_input:  # post every input receive whose size is known
@@ -63,8 +62,7 @@ class TrainStep:
         r = self.r
         r._send_forward(y, m, self.signatures[m], self.codecs["fwd", "send"], self.contexts[m], self.stats)
         nbytes = self.codecs["bwd", "recv"].payload_nbytes(tuple(y.shape), y.dtype, m, self.contexts[m])
-        dst = (r.stage + 1) % r.split.num_stages
-        return r.links.recv(nbytes, dst, "bwd", 2 * m, f"gradient {m}")
+        return r.links.recv(nbytes, r.split.next, "bwd", 2 * m, f"gradient {m}")
 
     # ------------------------------------------------------------------ work
     def first_forward(self, m: int) -> None:

@@ -252,9 +252,9 @@ class ClappingStrategy(PipelineCheckpoints, PipelineEvaluation, StageProcesses):
             MessageContext(step, fresh, warmup, mb.get(opts.sample_id_key) if isinstance(mb, dict) else None)
             for mb in micro
         ]
-        schedule = stage_schedule(
-            opts.schedule, self.global_rank, self.num_stages, len(micro), opts.extra_warmup
-        )
+        plan = (opts.schedule, self.num_stages, len(micro), opts.extra_warmup)
+        schedule = stage_schedule(opts.schedule, self.global_rank, *plan[1:])
+        lead = first_part_lead(*plan) if self.split.wraps else None  # 'v': the last stage's first part ahead
         scale = 1.0 / (len(micro) * trainer.accumulate_grad_batches)
         params = [p for p in self.lightning_module.parameters() if p.requires_grad]
         earlier = [(p, p.grad) for p in params]
@@ -266,7 +266,6 @@ class ClappingStrategy(PipelineCheckpoints, PipelineEvaluation, StageProcesses):
             else None
         )
         with self.precision_plugin.train_step_context():
-            lead = first_part_lead(opts.schedule, self.num_stages, len(micro), opts.extra_warmup)
             loss_sum, stats = self.runner.train_step(micro, contexts, schedule, scale, lead)
         self.window.add_tied(*self.tied.sum(step))
         self._stashed_grads = [(p, p.grad) for p in params if p.grad is not None]
