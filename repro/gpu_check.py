@@ -25,7 +25,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from repro.arguments import Parser
+from repro.arguments import Parser, PositiveInt
 from repro.files import table_head, write_report
 from repro.paths import EXPERIMENTS_DIR, MODELS_DIR
 
@@ -139,11 +139,11 @@ def markdown(r: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="repro gpu-check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("results/gpu-check"), help="results folder")
-    parser.add_argument("--steps", type=int, default=300, help="steps of the shortened Table 1's runs")
+    parser.add_argument(
+        "--steps", type=PositiveInt, default=300, help="steps of the shortened Table 1's runs"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     args = parser.parse_args(argv)
-    if args.steps <= 0:
-        parser.error(f"--steps {args.steps}: must be a positive integer")
     import torch
 
     if not torch.cuda.is_available():

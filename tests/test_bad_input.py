@@ -187,7 +187,7 @@ def test_gpu_check_without_a_gpu_is_one_line_and_checks_its_arguments(capsys, tm
     assert lines == ["repro gpu-check: no CUDA GPU is visible here; nothing was measured"]
     with pytest.raises(SystemExit) as exit_:
         gpu_check(["--steps", "0"])
-    assert exit_.value.code == 2 and "--steps 0: must be a positive integer" in capsys.readouterr().err
+    assert exit_.value.code == 2 and "--steps 0: must be > 0" in capsys.readouterr().err
     assert not list(tmp_path.rglob("*"))
 
 

@@ -144,7 +144,7 @@ CASES = [
     (
         "profile: zero steps",
         "profile coverage --config {good_yaml} --steps 0 --out {out}",
-        r"coverage profile steps=0: must be a positive integer",
+        r"--steps 0: must be > 0",
     ),
     (
         "allocate: profile of another model",
@@ -179,7 +179,7 @@ CASES = [
     (
         "transfer: no target layers",
         "transfer --profile {three_layers_json} --target-layers 0 --out {out}",
-        r"at least one layer",
+        r"--target-layers 0: must be > 0",
     ),
     (
         "table1: unknown settings field",

@@ -33,7 +33,6 @@ LAYERS = [
         "repro.compile_option",
         "repro.network",
         "repro.cores",
-        "repro.config_errors",
     },
     {"repro.lightning_compat"},  # every private Lightning touch (it forwards stops: repro.stop)
     {"repro.models", "repro.data", "repro.pipeline"},  # siblings: none imports another

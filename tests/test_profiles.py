@@ -269,7 +269,7 @@ def test_cli_chain_profile_allocate_transfer_account_fit(tmp_path, data_cache, c
         ),
         (
             ["transfer", "--profile", "{three_layer}", "--target-layers", "0", "--out", "t.json"],
-            "at least one layer",
+            "--target-layers 0: must be > 0",
         ),
         (
             [

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from repro.arguments import Parser
+from repro.arguments import ClosedUnitInterval, NonNegativeInt, Parser, PositiveFloat, PositiveInt, flat
 
 from .prepared import MANIFEST, PreparedCorpus
 from .shards import ShardError
@@ -22,7 +22,9 @@ from .writing import PrepareConflict
 USAGE_ERRORS = (ValueError, FileNotFoundError, ConnectionError, PrepareConflict, ShardError)
 
 
-def _source_splits(text: str) -> dict[str, str]:
+def _source_splits(text: str | dict[str, str]) -> dict[str, str]:
+    if isinstance(text, dict):  # jsonargparse checks a parsed value again
+        return text
     out = {}
     for part in filter(None, text.split(",")):
         ours, _, theirs = part.partition("=")
@@ -32,8 +34,8 @@ def _source_splits(text: str) -> dict[str, str]:
 
 def parser() -> Parser:
     p = Parser(prog="repro data", description="Prepared corpora: token shards, a tokenizer and a manifest.")
-    sub = p.add_subparsers(dest="action", required=True, parser_class=Parser)
-    prep = sub.add_parser("prepare", help="a source -> train / validation / test token shards")
+    sub = p.subcommands("action")
+    prep = sub("prepare", help="a source -> train / validation / test token shards")
     prep.add_argument(
         "source", nargs="+", help="'shakespeare', files / globs / a folder, or a hub dataset id"
     )
@@ -50,40 +52,47 @@ def parser() -> Parser:
     prep.add_argument(
         "--source-splits",
         type=_source_splits,
-        default={},
+        default="",
         help="take the source's own splits: e.g. train=train,validation=validation,test=test",
     )
     prep.add_argument(
         "--tokenizer", default="bpe", help="'bpe' or 'char' (trained here) or a tokenizer.json / folder"
     )
-    prep.add_argument("--vocab-size", type=int, default=8192, help="BPE vocabulary size")
+    prep.add_argument("--vocab-size", type=PositiveInt, default=8192, help="BPE vocabulary size")
     prep.add_argument(
         "--tokenizer-sample-mb",
-        type=float,
+        type=PositiveFloat,
         default=200.0,
         help="a trained tokenizer learns from this much text",
     )
     prep.add_argument("--eos-token", default=None, help="a tokenizer file's end-of-document token")
-    prep.add_argument("--val-fraction", type=float, default=0.1, help="fraction of documents held out")
     prep.add_argument(
-        "--test-fraction", type=float, default=0.5, help="fraction of the held-out ones that test"
+        "--val-fraction", type=ClosedUnitInterval, default=0.1, help="fraction of documents held out"
     )
-    prep.add_argument("--split-seed", type=int, default=0, help="seed of the split")
+    prep.add_argument(
+        "--test-fraction",
+        type=ClosedUnitInterval,
+        default=0.5,
+        help="fraction of the held-out ones that test",
+    )
+    prep.add_argument("--split-seed", type=NonNegativeInt, default=0, help="seed of the split")
     prep.add_argument("--val-documents", nargs="*", default=[], help="file sources: the documents held out")
     prep.add_argument("--test-documents", nargs="*", default=[], help="file sources: held-out ones that test")
-    prep.add_argument("--max-documents", type=int, default=None, help="read at most this many rows")
-    prep.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard (about)")
+    prep.add_argument("--max-documents", type=PositiveInt, default=None, help="read at most this many rows")
+    prep.add_argument(
+        "--shard-tokens", type=PositiveInt, default=100_000_000, help="tokens per shard (about)"
+    )
     prep.add_argument("--dtype", default="auto", choices=("auto", "uint16", "uint32"), help="token dtype")
-    prep.add_argument("--workers", type=int, default=1, help="tokenizing processes (e.g. the cores)")
+    prep.add_argument("--workers", type=PositiveInt, default=1, help="tokenizing processes (e.g. the cores)")
     prep.add_argument("--no-progress", action="store_true", help="no progress bar")
     for name, what in (("info", "what a prepared folder holds"), ("verify", "check every shard's checksum")):
-        action = sub.add_parser(name, help=what)
+        action = sub(name, help=what)
         action.add_argument("folder", help="a folder made by repro data prepare")
     return p
 
 
 def main(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
+    args = flat(parser().parse_args(argv), "action")
     try:
         if args.action == "prepare":
             return _prepare(args)

@@ -23,7 +23,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.strategies import StrategyRegistry
 
-from repro.config_errors import one_line
+from repro.arguments import one_line
 from repro.data import TextDataModule
 from repro.data.datamodule import ExistingPath
 from repro.models import GPTConfig

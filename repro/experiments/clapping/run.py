@@ -20,7 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from repro.arguments import Parser
+from repro.arguments import NonNegativeInt, Parser, PositiveFloat, PositiveInt
 from repro.data.tokenizer import tokenizer_digest
 from repro.dataclass_docs import fields_help
 from repro.experiments.kit.compute_plan import planned_runs, print_plan
@@ -205,7 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="settings file fields:\n" + fields_help(ClappingSettings),
     )
     add_settings_args(parser, "clapping", SCALES)
-    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="override the settings' seeds")
+    parser.add_argument(
+        "--seeds", type=NonNegativeInt, nargs="+", default=None, help="override the settings' seeds"
+    )
     parser.add_argument(
         "--accelerator", default=None, choices=("cpu", "gpu"), help="cpu or gpu (default: the settings')"
     )
@@ -223,11 +225,11 @@ def build_parser() -> argparse.ArgumentParser:
         "<out>/probe.{md,json}; the base model is the table's, reused from <out>)",
     )
     parser.add_argument(
-        "--probe-steps", type=int, nargs="+", default=None, help="fine-tune lengths of the probe"
+        "--probe-steps", type=PositiveInt, nargs="+", default=None, help="fine-tune lengths of the probe"
     )
     parser.add_argument(
         "--probe-blocks",
-        type=int,
+        type=PositiveInt,
         nargs="+",
         default=None,
         help="N (fine-tune training blocks) per --probe-steps value (default: the settings' N scaled with the "
@@ -246,21 +248,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--link-steps",
-        type=int,
+        type=PositiveInt,
         default=None,
         help="also measure each row's step time with its K ranks on veth links shaped to bandwidth_mbps: this "
         "many timed steps per row (needs root; default: the settings' link_steps, 0 = off)",
     )
     parser.add_argument(
         "--link-repeats",
-        type=int,
+        type=PositiveInt,
         default=None,
         help="interleaved repeats of every link run (default: the settings' link_repeats); 2 or more give each "
         "measured speed-up its 95%% CI",
     )
     parser.add_argument(
         "--bandwidth-mbps",
-        type=float,
+        type=PositiveFloat,
         default=None,
         help="the link speed of the link-time column and of --link-steps' shaped links (default: the settings' "
         "bandwidth_mbps); the trained runs do not depend on it",
@@ -286,8 +288,8 @@ def print_clapping_plan(settings: ClappingSettings, out: Path, step_time: float 
 def main(argv: list[str] | None = None) -> int:
     args, path = parse_experiment_args(build_parser(), argv, settings_path)
     try:
-        if args.seeds is not None and (len(set(args.seeds)) != len(args.seeds) or min(args.seeds) < 0):
-            raise ValueError(f"--seeds {args.seeds}: give distinct non-negative integers")
+        if args.seeds is not None and len(set(args.seeds)) != len(args.seeds):
+            raise ValueError(f"--seeds {args.seeds}: must be distinct")
         settings = load_clapping_settings(
             path,
             seeds=tuple(args.seeds) if args.seeds else None,

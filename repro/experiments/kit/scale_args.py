@@ -9,6 +9,8 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from repro.arguments import PositiveFloat, PositiveInt
+
 DEFAULT_SCALE = "cpu"  # the scale an experiment runs without --scale or --settings
 
 
@@ -49,7 +51,7 @@ def parse_experiment_args(
 def add_scale_args(parser: argparse.ArgumentParser, step_time_of: str, what: str = "the result") -> None:
     parser.add_argument(
         "--runs-per-gpu",
-        type=int,
+        type=PositiveInt,
         default=None,
         help="GPU: runs sharing each GPU (small models leave a GPU idle); every visible GPU is used",
     )
@@ -65,7 +67,7 @@ def add_scale_args(parser: argparse.ArgumentParser, step_time_of: str, what: str
     )
     parser.add_argument(
         "--step-time",
-        type=float,
+        type=PositiveFloat,
         default=None,
         help=f"with --plan: one GPU's seconds per optimizer step of {step_time_of}; default: measured by a few "
         "steps here when the accelerator is present",

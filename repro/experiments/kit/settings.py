@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from jsonargparse import ArgumentParser
 from jsonargparse.typing import Path_fr
 
-from repro.config_errors import settings_one_line
+from repro.arguments import settings_one_line
 from repro.dataclass_docs import fields_help
 from repro.paths import EXPERIMENTS_DIR, missing_file_message
 

@@ -6,7 +6,14 @@ import argparse
 from pathlib import Path
 
 from repro.alloc.coverage_profile import EARLY_FRACTION, EVALUATIONS, LAST_N, SEEDS
-from repro.arguments import Parser
+from repro.arguments import (
+    ClosedUnitInterval,
+    NonNegativeInt,
+    Parser,
+    PositiveFloat,
+    PositiveInt,
+    Probability,
+)
 from repro.experiments.kit.scale_args import add_scale_args
 
 
@@ -39,7 +46,7 @@ def _runs_args(p: argparse.ArgumentParser, default: str = "<out>.runs/") -> None
     )
     p.add_argument(
         "--workers",
-        type=int,
+        type=PositiveInt,
         default=1,
         help="train independent runs in this many processes (CPU only; each gets cores/workers threads). "
         "On a 2-core machine, 2 single-thread workers train small models faster than 1",
@@ -52,14 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="The RoPE allocation pipeline: profiles, allocations, transfer, accounting, analysis.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="show Lightning's own lines too")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.subcommands("command")
 
-    prof = sub.add_parser(
-        "profile", help="measure a per-layer profile (phase-off, coverage-benefit, interactions)"
-    )
-    psub = prof.add_subparsers(dest="profile_kind", required=True)
+    prof = sub("profile", help="measure a per-layer profile (phase-off, coverage-benefit, interactions)")
+    psub = prof.subcommands("profile_kind")
 
-    po = psub.add_parser(
+    po = psub(
         "phase-off",
         help="loss increase per layer with the rotation angle forced to 0 there",
         description="Phase-off profile of a trained model: for each layer, the validation loss "
@@ -74,12 +79,16 @@ def build_parser() -> argparse.ArgumentParser:
         "fine-tune of that model (default: its pretrained weights)",
     )
     src.add_argument(
-        "--ref-steps", type=int, help="train the all-high reference for this many steps first (resumable)"
+        "--ref-steps",
+        type=PositiveInt,
+        help="train the all-high reference for this many steps first (resumable)",
     )
-    po.add_argument("--seed", type=int, default=0, help="seed of the reference run (with --ref-steps)")
+    po.add_argument(
+        "--seed", type=NonNegativeInt, default=0, help="seed of the reference run (with --ref-steps)"
+    )
     po.add_argument(
         "--eval-every",
-        type=int,
+        type=PositiveInt,
         default=None,
         help="validation interval of the reference run (default: steps/5)",
     )
@@ -90,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     po.add_argument(
         "--rotary-fraction",
-        type=float,
+        type=ClosedUnitInterval,
         default=0.0,
         help="a pretrained model (model.pretrained): each layer keeps only this highest-frequency fraction of "
         "its rotary pairs (0, the default: no rotary phase)",
@@ -99,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     _levels_args(po)
     _runs_args(po)
 
-    nope = psub.add_parser(
+    nope = psub(
         "nope",
         help="a pretrained model: test what its phase-off profile predicts, zero-shot or after a fine-tune",
         description="At each budget of k layers without rotation (NoPE), the layers the profile marks least "
@@ -111,20 +120,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--profile", required=True, type=Path, help="its phase-off profile JSON (repro profile phase-off)"
     )
     nope.add_argument(
-        "--layers", required=True, type=int, nargs="+", help="NoPE budgets k (layers' worth of pairs)"
+        "--layers", required=True, type=PositiveInt, nargs="+", help="NoPE budgets k (layers' worth of pairs)"
     )
-    nope.add_argument("--draws", type=int, default=3, help="random-k: seeded draws (default 3)")
-    nope.add_argument("--seed", type=int, default=0, help="random-k: seed of the first draw")
+    nope.add_argument("--draws", type=NonNegativeInt, default=3, help="random-k: seeded draws (default 3)")
+    nope.add_argument("--seed", type=NonNegativeInt, default=0, help="random-k: seed of the first draw")
     nope.add_argument("--out", required=True, type=Path, help="output JSON (and a .md table beside it)")
     nope.add_argument(
         "--finetune-steps",
-        type=int,
+        type=NonNegativeInt,
         default=0,
         help="fine-tune every allocation (and full RoPE) this many steps before the test, through the run "
         "engine (runs in <out without .json>/, resumable); 0, the default: zero-shot",
     )
     nope.add_argument(
-        "--seeds", type=int, nargs="+", default=[0], help="fine-tune seeds (data order; default 0)"
+        "--seeds", type=NonNegativeInt, nargs="+", default=[0], help="fine-tune seeds (data order; default 0)"
     )
     nope.add_argument(
         "--plan",
@@ -132,22 +141,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --finetune-steps: print the fine-tunes' cost and exit (no training)",
     )
     nope.add_argument(
-        "--step-time", type=float, default=None, help="--plan: one GPU's seconds per step of the config"
+        "--step-time",
+        type=PositiveFloat,
+        default=None,
+        help="--plan: one GPU's seconds per step of the config",
     )
     nope.add_argument(
         "--accelerator", default="cpu", help="--plan: the device the plan measures a step on (cpu, gpu)"
     )
     nope.add_argument(
-        "--finetune-lr", type=float, default=None, help="peak learning rate (default: the config's)"
+        "--finetune-lr", type=PositiveFloat, default=None, help="peak learning rate (default: the config's)"
     )
     nope.add_argument(
         "--finetune-batch-size",
-        type=int,
+        type=PositiveInt,
         default=None,
         help="blocks per fine-tune batch (default: the config's)",
     )
 
-    cov = psub.add_parser(
+    cov = psub(
         "coverage",
         help="coverage-benefit profile: base run (all low) and one upgrade run per layer",
         description="Coverage-benefit profile: benefit[l] = loss(all low) - loss(layer l high), "
@@ -156,19 +168,19 @@ def build_parser() -> argparse.ArgumentParser:
     cov.add_argument("--config", required=True, type=Path, help="the repro fit YAML of the model and data")
     cov.add_argument(
         "--steps",
-        type=int,
+        type=PositiveInt,
         default=None,
         help="T_early: steps per run (default: early-fraction x full-steps)",
     )
     cov.add_argument(
         "--early-fraction",
-        type=float,
+        type=Probability,
         default=EARLY_FRACTION,
         help=f"T_early as a fraction of the full run (default {EARLY_FRACTION:g})",
     )
     cov.add_argument(
         "--full-steps",
-        type=int,
+        type=PositiveInt,
         default=None,
         help="steps of the full run (default: the config's trainer.max_steps)",
     )
@@ -181,26 +193,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cov.add_argument(
         "--seeds",
-        type=int,
+        type=NonNegativeInt,
         nargs="+",
         default=list(SEEDS),
         help=f"S_profile seeds (default: {' '.join(map(str, SEEDS))})",
     )
     cov.add_argument(
         "--eval-every",
-        type=int,
+        type=PositiveInt,
         default=None,
         help=f"validation interval in steps (default: T_early/{EVALUATIONS})",
     )
     cov.add_argument(
         "--last-n",
-        type=int,
+        type=PositiveInt,
         default=LAST_N,
         help=f"a run's loss is the mean of its last n evaluations (default {LAST_N})",
     )
     cov.add_argument(
         "--group-size",
-        type=int,
+        type=PositiveInt,
         default=1,
         help="upgrade contiguous groups of g layers (ceil(L/g)+1 runs per seed)",
     )
@@ -215,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     _runs_args(cov)
     add_scale_args(cov, "the config's model", "the profile")
 
-    fid = psub.add_parser(
+    fid = psub(
         "fidelity",
         help="does the early profile predict the late one? (coverage and phase-off along one full run)",
         description="Train the coverage-benefit profile runs and the all-high reference to the full length, "
@@ -224,20 +236,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fid.add_argument("--config", required=True, type=Path, help="the model config to profile")
     fid.add_argument(
-        "--full-steps", type=int, required=True, help="steps of the full run (and of every run here)"
+        "--full-steps", type=PositiveInt, required=True, help="steps of the full run (and of every run here)"
     )
     fid.add_argument(
-        "--seeds", type=int, nargs="+", default=[0, 1, 2, 3], help="profile seeds (default 0 1 2 3)"
+        "--seeds",
+        type=NonNegativeInt,
+        nargs="+",
+        default=[0, 1, 2, 3],
+        help="profile seeds (default 0 1 2 3)",
     )
     fid.add_argument(
-        "--eval-every", type=int, required=True, help="evaluation (and checkpoint) interval in steps"
+        "--eval-every", type=PositiveInt, required=True, help="evaluation (and checkpoint) interval in steps"
     )
-    fid.add_argument("--last-n", type=int, default=2, help="a profile loss = mean of the last n evaluations")
+    fid.add_argument(
+        "--last-n", type=PositiveInt, default=2, help="a profile loss = mean of the last n evaluations"
+    )
     fid.add_argument("--out", required=True, type=Path, help="output JSON")
     _levels_args(fid)
     _runs_args(fid)
 
-    inter = psub.add_parser(
+    inter = psub(
         "interactions",
         help="pairwise interaction terms among the top layers of a profile",
         description="For pairs of the top-m layers of a coverage-benefit profile, train a run with "
@@ -245,11 +263,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inter.add_argument("--config", required=True, type=Path, help="the config the profile was measured with")
     inter.add_argument("--profile", required=True, type=Path, help="coverage-benefit profile JSON")
-    inter.add_argument("--top", type=int, default=3, help="use all pairs among the top-m layers (default 3)")
+    inter.add_argument(
+        "--top", type=PositiveInt, default=3, help="use all pairs among the top-m layers (default 3)"
+    )
     inter.add_argument("--out", required=True, type=Path, help="output JSON of interaction terms")
     _runs_args(inter, default="the profile's own runs folder, so that its base runs are reused")
 
-    al = sub.add_parser(
+    al = sub(
         "allocate",
         help="choose high/low layers under the budget with one or more methods",
         description="Allocations under a fixed budget. Budget-matched: profiled, transferred, uniform, "
@@ -263,9 +283,14 @@ def build_parser() -> argparse.ArgumentParser:
     al.add_argument("--benefit", type=Path, help="coverage-benefit profile JSON (profiled, inverse)")
     al.add_argument("--transferred", type=Path, help="transferred profile JSON (transferred)")
     al.add_argument("--phase-off", type=Path, help="phase-off profile JSON (phase-off-k)")
-    al.add_argument("--draws", type=int, default=3, help="random-k: number of seeded draws R (default 3)")
     al.add_argument(
-        "--seed", type=int, default=0, help="random-k: seed of the first draw (draw r uses seed + r)"
+        "--draws", type=NonNegativeInt, default=3, help="random-k: number of seeded draws R (default 3)"
+    )
+    al.add_argument(
+        "--seed",
+        type=NonNegativeInt,
+        default=0,
+        help="random-k: seed of the first draw (draw r uses seed + r)",
     )
     al.add_argument("--out", required=True, type=Path, help="output JSON with every allocation")
     al.add_argument(
@@ -276,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _levels_args(al)
 
-    tr = sub.add_parser(
+    tr = sub(
         "transfer",
         help="map a profile to a model of another depth by normalized depth",
         description="Normalized-depth transfer: layer j of an L-layer model sits at u=j/(L-1); the "
@@ -287,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     target = tr.add_mutually_exclusive_group(required=True)
     target.add_argument("--config", type=Path, help="the target model's repro fit YAML")
-    target.add_argument("--target-layers", type=int, help="number of layers of the target model")
+    target.add_argument("--target-layers", type=PositiveInt, help="number of layers of the target model")
     tr.add_argument(
         "--method", choices=("linear", "nearest"), default="linear", help="interpolation (default linear)"
     )
@@ -299,7 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a profile measured directly on the target: report transfer fidelity against it",
     )
 
-    ac = sub.add_parser(
+    ac = sub(
         "account",
         help="KV-cache, RoPE and attention cost per token of a model or allocation",
         description="Analytical resource accounting per token and per layer (PROTOCOL.md §R6).",
@@ -312,14 +337,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="allocation JSON from repro allocate: account each allocation (default: the config's own widths)",
     )
     ac.add_argument(
-        "--context", type=int, default=None, help="context length T for attention FLOPs (default: block size)"
+        "--context",
+        type=PositiveInt,
+        default=None,
+        help="context length T for attention FLOPs (default: block size)",
     )
     ac.add_argument(
-        "--bytes-per-elem", type=int, default=2, help="bytes per cached element (default 2, bf16)"
+        "--bytes-per-elem", type=PositiveInt, default=2, help="bytes per cached element (default 2, bf16)"
     )
     ac.add_argument("--out", type=Path, default=None, help="output JSON (default: print only)")
 
-    an = sub.add_parser(
+    an = sub(
         "analyze",
         help="stability, phase-off vs benefit, transfer fidelity, calibration",
         description="The brief analysis of PROTOCOL.md §R5 from saved profiles and results.",
@@ -327,7 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
     an.add_argument("--benefit", type=Path, help="coverage-benefit profile JSON (stability across seeds)")
     an.add_argument("--phase-off", type=Path, help="phase-off profile JSON (Spearman against --benefit)")
     an.add_argument("--transferred", type=Path, help="transferred profile JSON (fidelity against --benefit)")
-    an.add_argument("--top-k", type=int, default=None, help="k for the top-k Jaccard of transfer fidelity")
+    an.add_argument(
+        "--top-k", type=PositiveInt, default=None, help="k for the top-k Jaccard of transfer fidelity"
+    )
     an.add_argument(
         "--calibration",
         type=Path,

@@ -24,6 +24,7 @@ from repro.alloc.budget import default_levels, num_high_layers
 from repro.alloc.fidelity import coverage_fidelity, format_fidelity
 from repro.alloc.profile import LayerProfile
 from repro.alloc.transfer import transfer_profile
+from repro.arguments import flat
 from repro.files import read_json, write_json_atomic
 from repro.models.config import GPTConfig
 from repro.runs.build import VERBOSE_ENV, quiet_lightning
@@ -37,7 +38,7 @@ COMMANDS = ("profile", "allocate", "transfer", "account", "analyze")
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    args = flat(build_parser().parse_args(argv), "command", "profile_kind")
     if args.verbose:
         os.environ[VERBOSE_ENV] = "1"
     quiet_lightning()  # one progress line per run instead of Lightning's banners

@@ -80,8 +80,6 @@ def profile_command(args) -> None:
     elif args.profile_kind == "phase-off":
         checkpoint = args.ckpt_path
         if args.ref_steps is not None:
-            if args.ref_steps <= 0:
-                raise ValueError(f"--ref-steps={args.ref_steps}: must be a positive integer")
             eval_every = args.eval_every or max(1, args.ref_steps // 5)
             levels = levels_of(args, shape)
             print(f"[phase-off] training the all-high reference for {args.ref_steps} steps", file=sys.stderr)
@@ -164,10 +162,8 @@ def _fidelity(args, config, shape) -> None:
     """Coverage profile runs and the all-high reference trained to the full length; the profiles
     read at every evaluation (phase-off: from the reference's checkpoints)."""
     steps, every = args.full_steps, args.eval_every
-    if steps <= 0 or every <= 0 or steps % every:
-        raise ValueError(
-            f"--full-steps={steps}, --eval-every={every}: positive, and the steps a multiple of it"
-        )
+    if steps % every:
+        raise ValueError(f"--full-steps={steps}, --eval-every={every}: the steps must be a multiple of it")
     levels = levels_of(args, shape)
     k = num_high_layers(shape.n_layer, levels)
     settings = CoverageProfileSettings(
@@ -226,17 +222,11 @@ def _zero_shot_nope(args) -> None:
     if args.finetune_steps:
         overrides = {"model.optim.warmup_steps": max(1, args.finetune_steps // 8)}  # an eighth of the steps
         if args.finetune_lr is not None:
-            if not args.finetune_lr > 0:
-                raise ValueError(f"--finetune-lr={args.finetune_lr}: must be > 0")
             overrides["model.optim.lr"] = args.finetune_lr
         if args.finetune_batch_size is not None:
-            if args.finetune_batch_size <= 0:
-                raise ValueError(
-                    f"--finetune-batch-size={args.finetune_batch_size}: must be a positive integer"
-                )
             overrides["data.batch_size"] = args.finetune_batch_size
-        if len(set(args.seeds)) != len(args.seeds) or min(args.seeds) < 0:
-            raise ValueError(f"--seeds {args.seeds}: distinct non-negative integers")
+        if len(set(args.seeds)) != len(args.seeds):
+            raise ValueError(f"--seeds {args.seeds}: must be distinct")
         grid = FinetuneGrid(
             args.layers, args.finetune_steps, args.out.with_suffix(""), tuple(args.seeds), args.draws, args.seed,
             overrides,

@@ -38,7 +38,7 @@ from repro.alloc.analysis import interaction_terms
 from repro.alloc.coverage_profile import pair_benefits_from_results, profile_from_results
 from repro.alloc.phase_off_profile import measure_phase_off_profile
 from repro.alloc.transfer import transfer_profile
-from repro.arguments import Parser
+from repro.arguments import NonNegativeInt, Parser, PositiveInt
 from repro.dataclass_docs import fields_help
 from repro.experiments.kit.scale_args import add_scale_args, add_settings_args, parse_experiment_args
 from repro.runs import Progress, RunResult, check_accelerator, train_all
@@ -256,13 +256,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_settings_args(parser, "table1", SCALES)
     parser.add_argument(
-        "--seeds", type=int, nargs="+", default=None, help="seeds of the rows (default: the settings')"
+        "--seeds",
+        type=NonNegativeInt,
+        nargs="+",
+        default=None,
+        help="seeds of the rows (default: the settings')",
     )
     parser.add_argument(
-        "--steps", type=int, default=None, help="steps of a row run instead of the settings' (quick checks)"
+        "--steps",
+        type=PositiveInt,
+        default=None,
+        help="steps of a row run instead of the settings' (quick checks)",
     )
     parser.add_argument(
-        "--workers", type=int, default=None, help="runs trained side by side on CPU (default: the settings')"
+        "--workers",
+        type=PositiveInt,
+        default=None,
+        help="runs trained side by side on CPU (default: the settings')",
     )
     parser.add_argument(
         "--accelerator", default=None, choices=("cpu", "gpu"), help="cpu or gpu (default: the settings')"
@@ -301,7 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="train only the noise probe: rows that need no profile, every seed, at each --probe-steps; "
         "prints the seed noise and the seeds a target difference needs (writes <out>/probe.{md,json})",
     )
-    parser.add_argument("--probe-steps", type=int, nargs="+", default=None, help="run lengths of the probe")
+    parser.add_argument(
+        "--probe-steps", type=PositiveInt, nargs="+", default=None, help="run lengths of the probe"
+    )
     parser.add_argument(
         "--probe-rows",
         nargs="+",
