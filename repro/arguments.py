@@ -13,13 +13,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import re
 import sys
-from typing import Any, NoReturn
+import typing
+from typing import Any, Literal, NoReturn
 
+import docstring_parser
 import jsonargparse
 from jsonargparse.typing import restricted_number_type
+
+jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)  # a field's help: its docstring
 
 PositiveInt = jsonargparse.typing.PositiveInt  # an int > 0
 NonNegativeInt = jsonargparse.typing.NonNegativeInt  # an int >= 0
@@ -35,6 +40,7 @@ PARSER_KEY = re.compile(r'Parser key "([^"]+)"')  # the key an error is about (n
 RESTRICTED = re.compile(
     r'Parser key "(\w+)"(?: element (\d+))?: Not of type (\w+): (.*?) does not conform to restriction (.+)$'
 )  # a value outside a range type (PositiveInt, ...)
+RANGE = re.compile(r"Not of type \w+: (.*?) does not conform to restriction (v[^-]*?)(?: - |$)")
 NOT_OF_TYPE = re.compile(r'Parser key "(\w+)"(?: element (\d+))?: Not of type (\w+): (.+)$')
 
 
@@ -49,7 +55,7 @@ def option_line(message: str) -> str:
     option = f"--{name.replace('_', '-')}" + (f" (item {element})" if element else "")
     if ranged:
         value, rule = ranged.group(4, 5)
-        return f"{option} {value}: must be " + re.sub(r"v([<>]=?)", r"\1 ", rule)
+        return f"{option} {value}: {must_be(rule)}"
     return f"{option}: not a {typed.group(3)}: {typed.group(4)}"
 
 
@@ -87,9 +93,20 @@ def one_line(exc: Exception) -> str:
         kind = {"Directory": "folder", "File": "file"}.get(missing.group(1), "file or folder")
         hint = "; make it with `repro data prepare SOURCE --out DIR`" if key == "data.prepared_dir" else ""
         return f"{key}: no such {kind} {os.path.normpath(missing.group(2))!r}{hint}"
+    literal = re.search(r"Expected a typing\.Literal\[(.*?)\]\. Got value: (.*)$", reason)
+    if key and literal:  # a choice as a type
+        return f"{key}={literal.group(2).strip()!r}: allowed values are ({literal.group(1)})"
+    ranged = RANGE.search(reason)
+    if key and ranged:  # a range as a type
+        return f"{key}={ranged.group(1)}: {must_be(ranged.group(2))}"
     if key and not reason.startswith(key):
         return f"{key}={given}: {reason}" if given and len(keys) > 1 else f"{key}: {reason}"
     return reason
+
+
+def must_be(rule: str) -> str:
+    """A range type's restriction (``v>0 and v<=1``) as words (``must be > 0 and <= 1``)."""
+    return "must be " + re.sub(r"v([<>]=?)", r"\1 ", rule.strip())
 
 
 def settings_one_line(exc: Exception, cls: type) -> str:
@@ -155,6 +172,12 @@ class Parser(jsonargparse.ArgumentParser):
             sys.stderr.write(message)
         raise SystemExit(status)
 
+    def parse_args(self, *args: Any, **kwargs: Any) -> jsonargparse.Namespace:  # type: ignore[override]
+        namespace = super().parse_args(*args, **kwargs)
+        for key in namespace.keys():
+            namespace[key] = plain(namespace[key])
+        return namespace
+
     def subcommands(self, dest: str) -> Any:
         """jsonargparse's subcommands, each a :class:`Parser` (``add(name, help=...)`` makes one)."""
         group = self.add_subcommands(dest=dest, required=True)
@@ -178,3 +201,84 @@ def flat(namespace: jsonargparse.Namespace, *dests: str) -> argparse.Namespace:
         node = node[node[dest]]
         values.update({k: v for k, v in vars(node).items() if not isinstance(v, jsonargparse.Namespace)})
     return argparse.Namespace(**values)
+
+
+@functools.cache
+def _fields_parser(cls: type) -> jsonargparse.ArgumentParser:
+    hints = typing.get_type_hints(cls)
+    parser = jsonargparse.ArgumentParser(exit_on_error=False)
+    for f in dataclasses.fields(cls):
+        if f.init and f.name != "path":
+            parser.add_argument(f"--{f.name}", type=hints[f.name])
+    return parser
+
+
+def plain(value: Any) -> Any:
+    """A range type's value as its plain ``int`` or ``float`` (so a checkpoint or a result holds
+    no jsonargparse class), in lists and tuples too."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain(v) for v in value)
+    for base in (int, float):
+        if isinstance(value, base) and type(value) not in (base, bool):
+            return base(value)
+    return value
+
+
+def check_fields(obj: Any, what: str) -> None:
+    """Every field of dataclass ``obj`` against its type, ranges included (``PositiveInt``,
+    ``Literal[...]``; a bool is not an int): a ``ValueError`` ``"<what> <field>=<value>: <what is
+    allowed>"`` for the first that does not fit; a value of a range type becomes a plain number.
+    Rules across fields stay in ``__post_init__``."""
+    values = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.init and f.name != "path"}
+    for name, value in values.items():
+        object.__setattr__(obj, name, plain(value))  # frozen dataclasses too
+    try:
+        _fields_parser(type(obj)).parse_object(values)
+    except Exception as exc:  # jsonargparse's ArgumentError (a TypeError for some values)
+        text = " ".join(str(exc).split())
+        key = PARSER_KEY.search(text)
+        if not key or key.group(1) not in values:
+            raise ValueError(f"{what}: {text}") from None
+        name = key.group(1)
+        hint = typing.get_type_hints(type(obj))[name]
+        allowed = [
+            a
+            for h in (hint, *typing.get_args(hint))
+            if typing.get_origin(h) is Literal
+            for a in typing.get_args(h)
+        ]
+        rule = RANGE.search(text)
+        if allowed:
+            reason = f"allowed values are {tuple(allowed)}"
+        elif rule:
+            reason = must_be(rule.group(2))
+        else:
+            reason = f"must be of type {getattr(hint, '__name__', None) or str(hint).replace('typing.', '')}"
+        raise ValueError(f"{what} {name}={values[name]!r}: {reason}") from None
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """``{field: its attribute docstring}`` of dataclass ``cls`` and its bases (docstring_parser
+    reads them, as jsonargparse does for ``--help``): a field's documentation is written once."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__[:-1]):
+        if dataclasses.is_dataclass(klass):
+            parsed = docstring_parser.parse_from_object(klass)
+            docs.update({p.arg_name: " ".join((p.description or "").split()) for p in parsed.params})
+    return {f.name: docs[f.name] for f in dataclasses.fields(cls) if f.name in docs}
+
+
+def fields_help(cls: type) -> str:
+    """A ``name: doc (default ...)`` line per field of dataclass ``cls`` (for ``--help`` texts)."""
+    docs, lines = field_docs(cls), []
+    for f in dataclasses.fields(cls):
+        if not f.init or f.name == "path":
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = f" (default {f.default!r})"
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f" (default {f.default_factory()!r})"
+        else:
+            default = " (required)"
+        lines.append(f"  {f.name}: {docs.get(f.name, '')}{default}")
+    return "\n".join(lines)

@@ -7,12 +7,13 @@ from __future__ import annotations
 import ast
 import dataclasses
 import re
+import typing
 from pathlib import Path
 
 import pytest
 import yaml
 
-from repro.dataclass_docs import field_comments
+from repro.arguments import field_docs
 
 from conftest import MODELS, REPO_ROOT
 
@@ -25,7 +26,6 @@ DOC_TEXT = README + "".join(p.read_text() for p in sorted(DOCS.glob("*.md")))  #
 LAYERS = [
     {
         "repro.files",
-        "repro.dataclass_docs",
         "repro.paths",
         "repro.stats",
         "repro.arguments",
@@ -248,7 +248,7 @@ def test_every_strategy_option_is_in_the_pipeline_config_and_the_strategy_page()
     )
     missing = [name for name in options if f"`{name}`" not in table]
     assert not missing, f"docs/strategy.md options table lacks {missing}"
-    assert set(field_comments(PipelineOptions)) >= set(options)
+    assert set(field_docs(PipelineOptions)) >= set(options)
 
 
 def test_the_strategy_signature_is_the_options_names_types_and_defaults():
@@ -263,9 +263,10 @@ def test_the_strategy_signature_is_the_options_names_types_and_defaults():
     options = {f.name: f for f in dataclasses.fields(PipelineOptions) if f.init}
     kw = {n: p for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
     assert list(kw) == list(options)
+    hints, types = typing.get_type_hints(ClappingStrategy.__init__), typing.get_type_hints(PipelineOptions)
     for name, field in options.items():
         assert kw[name].default == field.default, name
-        assert kw[name].annotation.replace(" ", "") == str(field.type).replace(" ", ""), name
+        assert hints[name] == types[name], name
     lightning = [
         "accelerator",
         "parallel_devices",
@@ -293,7 +294,7 @@ def test_every_option_has_a_one_line_comment(module, cls):
 
     klass = getattr(importlib.import_module(module), cls)
     names = [f.name for f in dataclasses.fields(klass) if f.init and f.name != "path"]
-    comments = field_comments(klass)
+    comments = field_docs(klass)
     assert [n for n in names if not comments.get(n)] == []
 
 

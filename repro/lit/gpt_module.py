@@ -26,18 +26,30 @@ from .stages import GPTStages
 
 @dataclass
 class OptimConfig:
-    name: Literal["adamw", "sgd"] = "adamw"  # optimizer: AdamW, or SGD with momentum (Clapping's theory)
-    momentum: float = 0.9  # SGD momentum m (0 = plain SGD); ignored by AdamW
-    lr: float = 3e-3  # peak learning rate
-    weight_decay: float = 0.1  # decoupled weight decay on matrices (not on norms, biases)
-    beta1: float = 0.9  # AdamW beta1
-    beta2: float = 0.95  # AdamW beta2
-    eps: float = 1e-8  # AdamW epsilon
-    warmup_steps: int = 100  # linear warmup from 0 to lr over this many optimizer steps
-    schedule: Literal["cosine", "constant"] = "cosine"  # after warmup: cosine decay, or constant lr
-    decay_steps: int | None = None  # steps of warmup + decay; None = the trainer's estimated total steps
-    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
-    fused: bool | None = None  # fused optimizer kernel (one launch for all parameters); None = on CUDA only
+    name: Literal["adamw", "sgd"] = "adamw"
+    """optimizer: AdamW, or SGD with momentum (Clapping's theory)"""
+    momentum: float = 0.9
+    """SGD momentum m (0 = plain SGD); ignored by AdamW"""
+    lr: float = 3e-3
+    """peak learning rate"""
+    weight_decay: float = 0.1
+    """decoupled weight decay on matrices (not on norms, biases)"""
+    beta1: float = 0.9
+    """AdamW beta1"""
+    beta2: float = 0.95
+    """AdamW beta2"""
+    eps: float = 1e-8
+    """AdamW epsilon"""
+    warmup_steps: int = 100
+    """linear warmup from 0 to lr over this many optimizer steps"""
+    schedule: Literal["cosine", "constant"] = "cosine"
+    """after warmup: cosine decay, or constant lr"""
+    decay_steps: int | None = None
+    """steps of warmup + decay; None = the trainer's estimated total steps"""
+    min_lr_ratio: float = 0.1
+    """cosine decays to lr * min_lr_ratio"""
+    fused: bool | None = None
+    """fused optimizer kernel (one launch for all parameters); None = on CUDA only"""
 
     def __post_init__(self) -> None:
         if self.name not in ("adamw", "sgd"):

@@ -24,30 +24,52 @@ def width_field_of(attention: str) -> str:
 
 @dataclass
 class GPTConfig:
-    vocab_size: int = 512  # tokens in the vocabulary (linked from the datamodule by the CLI)
-    block_size: int = 128  # maximum context length in tokens
-    n_layer: int = 4  # number of transformer blocks
-    n_embd: int = 128  # model width d_model
-    n_head: int = 4  # query heads; head_dim = n_embd // n_head for MHA
-    n_kv_head: int | None = None  # key/value heads for GQA (MHA only); None = n_head
-    attention: Literal["mha", "mla"] = "mha"  # fixed-width attention or Multi-head Latent Attention
-    rope_dims: list[int] | None = None  # MHA: rotated dims per layer, even, 0..head_dim; None = all head_dim
-    rope_convention: Literal["neox", "prope"] = "neox"  # frequency convention of the rotated slice
-    rope_base: float = 10000.0  # RoPE base (theta)
+    vocab_size: int = 512
+    """tokens in the vocabulary (linked from the datamodule by the CLI)"""
+    block_size: int = 128
+    """maximum context length in tokens"""
+    n_layer: int = 4
+    """number of transformer blocks"""
+    n_embd: int = 128
+    """model width d_model"""
+    n_head: int = 4
+    """query heads; head_dim = n_embd // n_head for MHA"""
+    n_kv_head: int | None = None
+    """key/value heads for GQA (MHA only); None = n_head"""
+    attention: Literal["mha", "mla"] = "mha"
+    """fixed-width attention or Multi-head Latent Attention"""
+    rope_dims: list[int] | None = None
+    """MHA: rotated dims per layer, even, 0..head_dim; None = all head_dim"""
+    rope_convention: Literal["neox", "prope"] = "neox"
+    """frequency convention of the rotated slice"""
+    rope_base: float = 10000.0
+    """RoPE base (theta)"""
     # --- MLA (DeepSeek-V2 style, decoupled RoPE) ---
-    q_lora_rank: int = 0  # MLA: rank of the low-rank query projection; 0 = full-rank query
-    kv_lora_rank: int = 64  # MLA: compressed latent width d_c (cached per token)
-    qk_nope_head_dim: int = 32  # MLA: per-head query/key dims that carry no position (d_nope)
-    v_head_dim: int = 32  # MLA: per-head value dims (d_v)
-    qk_rope_head_dim: list[int] | None = None  # MLA: rotary width d_R per layer, even, >= 0; None = d_nope
+    q_lora_rank: int = 0
+    """MLA: rank of the low-rank query projection; 0 = full-rank query"""
+    kv_lora_rank: int = 64
+    """MLA: compressed latent width d_c (cached per token)"""
+    qk_nope_head_dim: int = 32
+    """MLA: per-head query/key dims that carry no position (d_nope)"""
+    v_head_dim: int = 32
+    """MLA: per-head value dims (d_v)"""
+    qk_rope_head_dim: list[int] | None = None
+    """MLA: rotary width d_R per layer, even, >= 0; None = d_nope"""
     # --- the rest of the block ---
-    mlp: Literal["swiglu", "gelu"] = "swiglu"  # MLP kind
-    mlp_hidden: int | None = None  # MLP width; None = 4*n_embd (gelu), 8/3*n_embd rounded to 8 (swiglu)
-    norm_eps: float = 1e-5  # RMSNorm epsilon
-    dropout: float = 0.0  # dropout on attention output and MLP output
-    bias: bool = False  # bias in linear layers
-    tie_embeddings: bool = True  # share the token embedding with the output head
-    init_std: float = 0.02  # std of the normal init; residual projections get init_std / sqrt(2 * n_layer)
+    mlp: Literal["swiglu", "gelu"] = "swiglu"
+    """MLP kind"""
+    mlp_hidden: int | None = None
+    """MLP width; None = 4*n_embd (gelu), 8/3*n_embd rounded to 8 (swiglu)"""
+    norm_eps: float = 1e-5
+    """RMSNorm epsilon"""
+    dropout: float = 0.0
+    """dropout on attention output and MLP output"""
+    bias: bool = False
+    """bias in linear layers"""
+    tie_embeddings: bool = True
+    """share the token embedding with the output head"""
+    init_std: float = 0.02
+    """std of the normal init; residual projections get init_std / sqrt(2 * n_layer)"""
 
     def __post_init__(self) -> None:
         self.validate()

@@ -41,17 +41,28 @@ SECTIONS = (
 
 @dataclass(frozen=True)
 class NetworkRun:
-    method: str  # pipeline method (repro.pipeline.methods.METHODS)
-    fwd_compressor: str = "identity"  # activation compressor
-    bwd_compressor: str = "identity"  # gradient compressor
-    p: float = 1.0  # lazy-sampling probability
-    tied_compressor: str = "identity"  # link section: the tied embedding/head gradient sum (identity: exact)
-    untied: bool = False  # link section: the bench GPT with a head of its own (no tied sum)
-    schedule: str | None = None  # link section: gpipe | 1f1b; None = link_schedule
-    micro_batches: int | None = None  # link section: M; None = link_micro_batches
-    engine: str = "ours"  # link section: ours (the clapping strategy) | torch (torch.distributed.pipelining)
-    extra_warmup: int = 0  # link section, 1f1b: forwards a stage runs ahead of 1F1B's (the strategy's)
-    placement: str = "linear"  # link section: the strategy's placement ('v': the embedding on the last stage)
+    method: str
+    """pipeline method (repro.pipeline.methods.METHODS)"""
+    fwd_compressor: str = "identity"
+    """activation compressor"""
+    bwd_compressor: str = "identity"
+    """gradient compressor"""
+    p: float = 1.0
+    """lazy-sampling probability"""
+    tied_compressor: str = "identity"
+    """link section: the tied embedding/head gradient sum (identity: exact)"""
+    untied: bool = False
+    """link section: the bench GPT with a head of its own (no tied sum)"""
+    schedule: str | None = None
+    """link section: gpipe | 1f1b; None = link_schedule"""
+    micro_batches: int | None = None
+    """link section: M; None = link_micro_batches"""
+    engine: str = "ours"
+    """link section: ours (the clapping strategy) | torch (torch.distributed.pipelining)"""
+    extra_warmup: int = 0
+    """link section, 1f1b: forwards a stage runs ahead of 1F1B's (the strategy's)"""
+    placement: str = "linear"
+    """link section: the strategy's placement ('v': the embedding on the last stage)"""
 
     @property
     def label(self) -> str:
@@ -101,54 +112,102 @@ MESSAGE_SHAPES = ((4, 128, 128), (4, 512, 512), (4, 1024, 768))
 
 @dataclass(frozen=True)
 class BenchSettings:
-    preset: Literal["full", "quick", "gpu", "versus_torch", "links"]  # the name written into bench.json
-    n_layer: int = 12  # GPT layers (divisible by every entry of stages)
-    n_embd: int = 128  # hidden width
-    n_head: int = 4  # attention heads
-    vocab_size: int = 2048  # token ids of the synthetic data
-    block_size: int = 128  # sequence length of every section except scale
-    batch_size: int = 16  # sequences per optimizer step
-    micro_batches: int = 4  # M micro-batches per step in every pipeline run
-    repeats: int = 3  # interleaved repeats of every timed measurement (median and spread over them)
-    warmup_steps: int = 5  # steps run before the clock starts (single process)
-    timed_steps: int = 20  # steps timed per repeat (single process)
-    rope_timed_steps: int = 10  # steps timed per repeat and variant (rope section; 6 variants)
-    pipe_repeats: int = 5  # repeats of the pipeline section (each run starts K processes)
-    network_repeats: int = 2  # repeats of the network section
-    pipe_warmup_steps: int = 3  # steps run before the clock starts (pipeline runs)
-    pipe_timed_steps: int = 8  # steps timed per repeat (pipeline runs)
-    stages: tuple[int, ...] = (2, 4)  # K of the pipeline comparison and the scale curve
-    mla_rope_widths: tuple[int, ...] = (0, 8, 32)  # MLA physical rotary widths (0 = the reference)
-    seq_lengths: tuple[int, ...] = (64, 128, 256)  # sequence lengths of the scale curve
-    seq_stages: int = 2  # K of the sequence-length curve
-    bandwidth_mbps: float = 100.0  # emulated link of the network section
-    network_stages: int = 4  # K of the network section
-    network_runs: tuple[NetworkRun, ...] = NETWORK_RUNS  # timed on the slow link; the 1st is none
-    compressors: tuple[str, ...] = COMPRESSORS  # compressors timed
-    compressor_shapes: tuple[tuple[int, ...], ...] = MESSAGE_SHAPES  # message shapes (micro-batch, T, d)
-    compressor_repeats: int = 5  # timed compress+decompress calls per compressor and shape
-    memory_sizes: tuple[int, ...] = (1000, 4000, 16000)  # dataset sizes N of the buffer-memory curve
-    cpu_configs: tuple[ConfigPath, ...] = ()  # compile section on a CPU: model configs timed (fp32)
-    gpu_configs: tuple[ConfigPath, ...] = ()  # compile section on CUDA: model configs timed (bf16-mixed)
-    compile_backend: str = "inductor"  # compile section: torch.compile backend of the compiled rows
-    compile_warmup_steps: int = 10  # compile section: untimed steps first (compilation happens here)
-    compile_timed_steps: int = 30  # compile section: timed steps per path and model
-    compile_repeats: int = 3  # compile section: interleaved repeats (compilation is cached after the first)
-    data_corpus_mb: float = 16.0  # data section: generated corpus of the prepare and loader throughput
-    data_rss_corpus_mb: float = 2048.0  # data section: generated corpus of the prepare's peak-memory row
-    data_vocab_size: int = 8192  # data section: BPE vocabulary of the throughput rows
-    data_workers: int = 0  # data section: prepare workers (0 = every core)
-    data_repeats: int = 2  # data section: interleaved repeats of the throughput rows
-    data_loader_batches: int = 200  # data section: batches timed per loader repeat
-    gpu_tokens_per_s: float = 651_000.0  # data section: tokens/s of a compiled paper_mha step, one H200
-    link_rates_mbit: tuple[float, ...] = (100.0, 1000.0)  # link section: rates of the shaped links
-    link_timed_steps: int = 6  # link section: timed steps per run (after pipe_warmup_steps)
-    link_stages: tuple[int, ...] = (4,)  # link section: K (one network namespace per stage)
-    link_runs: tuple[NetworkRun, ...] = LINK_RUNS  # link section: the runs; the 1st is the reference none
-    link_schedule: str = "1f1b"  # link section: the schedule of runs that name none
-    link_micro_batches: int = 16  # link section: M of runs that name none (batch_size must divide by it)
-    sections: tuple[str, ...] = SECTIONS  # which sections run
-    path: str = field(default="", compare=False)  # the YAML these settings came from
+    preset: Literal["full", "quick", "gpu", "versus_torch", "links"]
+    """the name written into bench.json"""
+    n_layer: int = 12
+    """GPT layers (divisible by every entry of stages)"""
+    n_embd: int = 128
+    """hidden width"""
+    n_head: int = 4
+    """attention heads"""
+    vocab_size: int = 2048
+    """token ids of the synthetic data"""
+    block_size: int = 128
+    """sequence length of every section except scale"""
+    batch_size: int = 16
+    """sequences per optimizer step"""
+    micro_batches: int = 4
+    """M micro-batches per step in every pipeline run"""
+    repeats: int = 3
+    """interleaved repeats of every timed measurement (median and spread over them)"""
+    warmup_steps: int = 5
+    """steps run before the clock starts (single process)"""
+    timed_steps: int = 20
+    """steps timed per repeat (single process)"""
+    rope_timed_steps: int = 10
+    """steps timed per repeat and variant (rope section; 6 variants)"""
+    pipe_repeats: int = 5
+    """repeats of the pipeline section (each run starts K processes)"""
+    network_repeats: int = 2
+    """repeats of the network section"""
+    pipe_warmup_steps: int = 3
+    """steps run before the clock starts (pipeline runs)"""
+    pipe_timed_steps: int = 8
+    """steps timed per repeat (pipeline runs)"""
+    stages: tuple[int, ...] = (2, 4)
+    """K of the pipeline comparison and the scale curve"""
+    mla_rope_widths: tuple[int, ...] = (0, 8, 32)
+    """MLA physical rotary widths (0 = the reference)"""
+    seq_lengths: tuple[int, ...] = (64, 128, 256)
+    """sequence lengths of the scale curve"""
+    seq_stages: int = 2
+    """K of the sequence-length curve"""
+    bandwidth_mbps: float = 100.0
+    """emulated link of the network section"""
+    network_stages: int = 4
+    """K of the network section"""
+    network_runs: tuple[NetworkRun, ...] = NETWORK_RUNS
+    """timed on the slow link; the 1st is none"""
+    compressors: tuple[str, ...] = COMPRESSORS
+    """compressors timed"""
+    compressor_shapes: tuple[tuple[int, ...], ...] = MESSAGE_SHAPES
+    """message shapes (micro-batch, T, d)"""
+    compressor_repeats: int = 5
+    """timed compress+decompress calls per compressor and shape"""
+    memory_sizes: tuple[int, ...] = (1000, 4000, 16000)
+    """dataset sizes N of the buffer-memory curve"""
+    cpu_configs: tuple[ConfigPath, ...] = ()
+    """compile section on a CPU: model configs timed (fp32)"""
+    gpu_configs: tuple[ConfigPath, ...] = ()
+    """compile section on CUDA: model configs timed (bf16-mixed)"""
+    compile_backend: str = "inductor"
+    """compile section: torch.compile backend of the compiled rows"""
+    compile_warmup_steps: int = 10
+    """compile section: untimed steps first (compilation happens here)"""
+    compile_timed_steps: int = 30
+    """compile section: timed steps per path and model"""
+    compile_repeats: int = 3
+    """compile section: interleaved repeats (compilation is cached after the first)"""
+    data_corpus_mb: float = 16.0
+    """data section: generated corpus of the prepare and loader throughput"""
+    data_rss_corpus_mb: float = 2048.0
+    """data section: generated corpus of the prepare's peak-memory row"""
+    data_vocab_size: int = 8192
+    """data section: BPE vocabulary of the throughput rows"""
+    data_workers: int = 0
+    """data section: prepare workers (0 = every core)"""
+    data_repeats: int = 2
+    """data section: interleaved repeats of the throughput rows"""
+    data_loader_batches: int = 200
+    """data section: batches timed per loader repeat"""
+    gpu_tokens_per_s: float = 651_000.0
+    """data section: tokens/s of a compiled paper_mha step, one H200"""
+    link_rates_mbit: tuple[float, ...] = (100.0, 1000.0)
+    """link section: rates of the shaped links"""
+    link_timed_steps: int = 6
+    """link section: timed steps per run (after pipe_warmup_steps)"""
+    link_stages: tuple[int, ...] = (4,)
+    """link section: K (one network namespace per stage)"""
+    link_runs: tuple[NetworkRun, ...] = LINK_RUNS
+    """link section: the runs; the 1st is the reference none"""
+    link_schedule: str = "1f1b"
+    """link section: the schedule of runs that name none"""
+    link_micro_batches: int = 16
+    """link section: M of runs that name none (batch_size must divide by it)"""
+    sections: tuple[str, ...] = SECTIONS
+    """which sections run"""
+    path: str = field(default="", compare=False)
+    """the YAML these settings came from"""
 
     def __post_init__(self) -> None:
         where = f"bench settings {self.path!r}" if self.path else "bench settings"

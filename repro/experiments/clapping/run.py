@@ -20,9 +20,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from repro.arguments import NonNegativeInt, Parser, PositiveFloat, PositiveInt
+from repro.arguments import NonNegativeInt, Parser, PositiveFloat, PositiveInt, fields_help
 from repro.data.tokenizer import tokenizer_digest
-from repro.dataclass_docs import fields_help
 from repro.experiments.kit.compute_plan import planned_runs, print_plan
 from repro.experiments.kit.data_use import data_lines
 from repro.experiments.kit.links import LinkError, check_links_possible

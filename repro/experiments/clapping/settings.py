@@ -38,11 +38,16 @@ def split_compressor(entry: str) -> tuple[str, str]:
 class Grid:
     """The rows of one regime."""
 
-    steps: int  # optimizer steps of every run of this regime
-    eval_every: int  # validation interval (steps); the last evaluation falls on the final step
-    methods: tuple[str, ...] = EXPERIMENT_METHODS  # rows; none_lazy is method none with p = lazy_p
-    compressors: tuple[str, ...] = ("topk(0.05)", "quant(4)/quant(8)")  # 'C' both ways, or 'F/B'
-    clapping_p: tuple[float, ...] = (0.25, 0.5, 1.0)  # p of the clapping_fc and clapping_fu rows
+    steps: int
+    """optimizer steps of every run of this regime"""
+    eval_every: int
+    """validation interval (steps); the last evaluation falls on the final step"""
+    methods: tuple[str, ...] = EXPERIMENT_METHODS
+    """rows; none_lazy is method none with p = lazy_p"""
+    compressors: tuple[str, ...] = ("topk(0.05)", "quant(4)/quant(8)")
+    """'C' both ways, or 'F/B'"""
+    clapping_p: tuple[float, ...] = (0.25, 0.5, 1.0)
+    """p of the clapping_fc and clapping_fu rows"""
     # the tied embedding/head gradient sum of each row: every row once per entry; identity (exact) first,
     # the others compressed with error feedback (their none row is compared with the exact none)
     tied_compressors: tuple[str, ...] = ("identity",)
@@ -80,37 +85,68 @@ class Grid:
 
 @dataclass(frozen=True)
 class ClappingSettings:
-    scale: Literal["smoke", "cpu", "real", "paper"]  # the name written into the results
-    model: ConfigPath  # model config of the model, data and optimizer (relative to this file)
-    finetune: Grid  # the rows of the fine-tune regime
-    from_scratch: Grid  # the rows of the from-scratch ablation
-    regimes: tuple[str, ...] = REGIMES  # which regimes run
-    finetune_documents: tuple[str, ...] = ("hamlet", "macbeth")  # kept from pretraining; rows tune on them
-    finetune_data: str | None = None  # or a prepared folder the rows tune on (the base's tokenizer)
-    finetune_blocks: int | None = 320  # N: fine-tune training blocks (evenly spaced); None = all
-    finetune_lr: float = 3e-4  # peak learning rate of the fine-tune rows
-    finetune_warmup_steps: int = 5  # linear warm-up of the fine-tune rows
-    base_steps: int = 1000  # pretraining steps of the base model (one process, exact)
-    base_eval_every: int = 250  # validation interval of the base run
-    val_batches: int = 8  # validation batches per evaluation
-    seeds: tuple[int, ...] = (0, 1, 2)  # init seed and data order, shared by every row
-    stages: int = 4  # K pipeline stages = processes
-    micro_batches: int = 4  # M micro-batches per batch
-    schedule: Literal["gpipe", "1f1b"] = "gpipe"  # micro-batch schedule
-    lazy_p: float = 0.5  # p of the none_lazy ablation
-    warmup_epochs: int = 1  # AQ-SGD's exact (warm-up) epochs
-    bandwidth_mbps: float = 100.0  # link speed of the link-time bound column (and of the measured one)
-    link_steps: int = 0  # timed steps per row on veth links shaped to bandwidth_mbps (0 = off; root)
-    link_warmup_steps: int = 2  # untimed steps before them
-    link_repeats: int = 1  # interleaved repeats of every link run; 2 or more give each speed-up its 95 % CI
-    target_margin: float = 0.02  # bytes-to-target: the target is none's final loss + this (nats)
-    minimal_loss: float = 0.02  # "minimal loss": a row costs at most this much (nats) over none
-    quant_error_bits: tuple[int, ...] = (2, 4, 8)  # bits of the quantizer-error table on real messages
-    memory_sizes: tuple[int, ...] = (1000, 4000, 16000, 64000)  # dataset sizes N of the memory figure
-    accelerator: Literal["cpu", "gpu"] = "cpu"  # where every run trains
-    max_epochs_over_data: float | None = None  # base, from_scratch rows: epochs over the data at most
-    finetune_max_epochs_over_data: float | None = None  # the fine-tune rows' limit (None: any)
-    path: str = field(default="", compare=False)  # the YAML these settings came from
+    scale: Literal["smoke", "cpu", "real", "paper"]
+    """the name written into the results"""
+    model: ConfigPath
+    """model config of the model, data and optimizer (relative to this file)"""
+    finetune: Grid
+    """the rows of the fine-tune regime"""
+    from_scratch: Grid
+    """the rows of the from-scratch ablation"""
+    regimes: tuple[str, ...] = REGIMES
+    """which regimes run"""
+    finetune_documents: tuple[str, ...] = ("hamlet", "macbeth")
+    """kept from pretraining; rows tune on them"""
+    finetune_data: str | None = None
+    """or a prepared folder the rows tune on (the base's tokenizer)"""
+    finetune_blocks: int | None = 320
+    """N: fine-tune training blocks (evenly spaced); None = all"""
+    finetune_lr: float = 3e-4
+    """peak learning rate of the fine-tune rows"""
+    finetune_warmup_steps: int = 5
+    """linear warm-up of the fine-tune rows"""
+    base_steps: int = 1000
+    """pretraining steps of the base model (one process, exact)"""
+    base_eval_every: int = 250
+    """validation interval of the base run"""
+    val_batches: int = 8
+    """validation batches per evaluation"""
+    seeds: tuple[int, ...] = (0, 1, 2)
+    """init seed and data order, shared by every row"""
+    stages: int = 4
+    """K pipeline stages = processes"""
+    micro_batches: int = 4
+    """M micro-batches per batch"""
+    schedule: Literal["gpipe", "1f1b"] = "gpipe"
+    """micro-batch schedule"""
+    lazy_p: float = 0.5
+    """p of the none_lazy ablation"""
+    warmup_epochs: int = 1
+    """AQ-SGD's exact (warm-up) epochs"""
+    bandwidth_mbps: float = 100.0
+    """link speed of the link-time bound column (and of the measured one)"""
+    link_steps: int = 0
+    """timed steps per row on veth links shaped to bandwidth_mbps (0 = off; root)"""
+    link_warmup_steps: int = 2
+    """untimed steps before them"""
+    link_repeats: int = 1
+    """interleaved repeats of every link run; 2 or more give each speed-up its 95 % CI"""
+    target_margin: float = 0.02
+    """bytes-to-target: the target is none's final loss + this (nats)"""
+    minimal_loss: float = 0.02
+    """"minimal loss": a row costs at most this much (nats) over none"""
+    quant_error_bits: tuple[int, ...] = (2, 4, 8)
+    """bits of the quantizer-error table on real messages"""
+    memory_sizes: tuple[int, ...] = (1000, 4000, 16000, 64000)
+    """dataset sizes N of the memory figure"""
+    accelerator: Literal["cpu", "gpu"] = "cpu"
+    """where every run trains"""
+    max_epochs_over_data: float | None = None
+    """base, from_scratch rows: epochs over the data at most"""
+    finetune_max_epochs_over_data: float | None = None
+    """the fine-tune rows' limit (None: any)"""
+    path: str = field(default="", compare=False)
+    """the YAML these settings came from"""
 
     RELATIVE_PATHS = ("finetune_data",)  # folders named relative to the settings file
 

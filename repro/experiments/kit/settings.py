@@ -19,8 +19,7 @@ from typing import Any, TypeVar
 from jsonargparse import ArgumentParser
 from jsonargparse.typing import Path_fr
 
-from repro.arguments import settings_one_line
-from repro.dataclass_docs import fields_help
+from repro.arguments import fields_help, settings_one_line
 from repro.paths import EXPERIMENTS_DIR, missing_file_message
 
 ConfigPath = Path_fr  # a field of this type is a file path, relative to the settings file that names it

@@ -38,8 +38,7 @@ from repro.alloc.analysis import interaction_terms
 from repro.alloc.coverage_profile import pair_benefits_from_results, profile_from_results
 from repro.alloc.phase_off_profile import measure_phase_off_profile
 from repro.alloc.transfer import transfer_profile
-from repro.arguments import NonNegativeInt, Parser, PositiveInt
-from repro.dataclass_docs import fields_help
+from repro.arguments import NonNegativeInt, Parser, PositiveInt, fields_help
 from repro.experiments.kit.scale_args import add_scale_args, add_settings_args, parse_experiment_args
 from repro.runs import Progress, RunResult, check_accelerator, train_all
 from repro.runs.shards import Shard, finished_results, gather

@@ -24,30 +24,54 @@ SWEEP_METHODS = ("profiled", "uniform", "first-k", "last-k", "spaced-k")
 
 @dataclass(frozen=True)
 class Table1Settings:
-    scale: Literal["smoke", "cpu-quick", "cpu", "gpu", "paper"]  # the name written into the results
-    target: dict[str, ConfigPath]  # arch ('mha', 'mla') -> model config of the target (deeper) member
-    source: dict[str, ConfigPath]  # arch -> model config of the source (smaller) family member
-    steps: int  # optimizer steps of a row run (the full run whose fraction the profiles train)
-    seeds: tuple[int, ...] = (0, 1, 2)  # one init seed and data order per seed, shared by every row
-    eval_every: int = 50  # validation interval of the Table 1 runs (steps)
-    profile_fraction: float = EARLY_FRACTION  # T_early = this fraction of the full run's steps
-    profile_seeds: tuple[int, ...] = SEEDS  # S_profile seeds of the coverage-benefit profiles
-    profile_evals: int = EVALUATIONS  # evaluations per profile run (eval_every = T_early / this)
-    profile_last_n: int = LAST_N  # a profile run's loss = mean of its last n evaluations
-    profile_lr_schedule: Literal["full-run", "early-run"] = "full-run"  # see repro profile coverage --help
-    transfer_method: Literal["linear", "nearest"] = "linear"  # interpolation of the source profile by depth
-    random_draws: int = 2  # R seeded random-k draws (each trained for every seed)
-    interaction_top: int = 3  # interaction terms among the top-m target layers (0 = skip)
-    sweep_high_layers: tuple[int, ...] = ()  # extra budgets (as k = number of high layers) for the MLA figure
-    sweep_methods: tuple[str, ...] = ("profiled", "uniform")  # methods trained at the extra budgets
-    sweep_seeds: tuple[int, ...] = (0,)  # seeds of the extra-budget runs
-    accelerator: Literal["cpu", "gpu"] = "cpu"  # where every run trains
-    workers: int = 2  # runs trained side by side (CPU: each gets cores/workers threads)
-    runs_per_gpu: int = 1  # GPU: runs sharing each GPU (small models leave a GPU idle); all GPUs are used
-    architectures: tuple[str, ...] = ARCHITECTURES  # which halves of the table to run
-    target_difference: float = 0.01  # the difference (nats) the power figures ask about
-    max_epochs_over_data: float | None = None  # a run's epochs over its training split, at most
-    path: str = field(default="", compare=False)  # the YAML these settings came from
+    scale: Literal["smoke", "cpu-quick", "cpu", "gpu", "paper"]
+    """the name written into the results"""
+    target: dict[str, ConfigPath]
+    """arch ('mha', 'mla') -> model config of the target (deeper) member"""
+    source: dict[str, ConfigPath]
+    """arch -> model config of the source (smaller) family member"""
+    steps: int
+    """optimizer steps of a row run (the full run whose fraction the profiles train)"""
+    seeds: tuple[int, ...] = (0, 1, 2)
+    """one init seed and data order per seed, shared by every row"""
+    eval_every: int = 50
+    """validation interval of the Table 1 runs (steps)"""
+    profile_fraction: float = EARLY_FRACTION
+    """T_early = this fraction of the full run's steps"""
+    profile_seeds: tuple[int, ...] = SEEDS
+    """S_profile seeds of the coverage-benefit profiles"""
+    profile_evals: int = EVALUATIONS
+    """evaluations per profile run (eval_every = T_early / this)"""
+    profile_last_n: int = LAST_N
+    """a profile run's loss = mean of its last n evaluations"""
+    profile_lr_schedule: Literal["full-run", "early-run"] = "full-run"
+    """see repro profile coverage --help"""
+    transfer_method: Literal["linear", "nearest"] = "linear"
+    """interpolation of the source profile by depth"""
+    random_draws: int = 2
+    """R seeded random-k draws (each trained for every seed)"""
+    interaction_top: int = 3
+    """interaction terms among the top-m target layers (0 = skip)"""
+    sweep_high_layers: tuple[int, ...] = ()
+    """extra budgets (as k = number of high layers) for the MLA figure"""
+    sweep_methods: tuple[str, ...] = ("profiled", "uniform")
+    """methods trained at the extra budgets"""
+    sweep_seeds: tuple[int, ...] = (0,)
+    """seeds of the extra-budget runs"""
+    accelerator: Literal["cpu", "gpu"] = "cpu"
+    """where every run trains"""
+    workers: int = 2
+    """runs trained side by side (CPU: each gets cores/workers threads)"""
+    runs_per_gpu: int = 1
+    """GPU: runs sharing each GPU (small models leave a GPU idle); all GPUs are used"""
+    architectures: tuple[str, ...] = ARCHITECTURES
+    """which halves of the table to run"""
+    target_difference: float = 0.01
+    """the difference (nats) the power figures ask about"""
+    max_epochs_over_data: float | None = None
+    """a run's epochs over its training split, at most"""
+    path: str = field(default="", compare=False)
+    """the YAML these settings came from"""
 
     def __post_init__(self) -> None:
         where = f"table1 settings {self.path!r}" if self.path else "table1 settings"
