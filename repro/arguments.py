@@ -118,11 +118,13 @@ def settings_one_line(exc: Exception, cls: type) -> str:
     )
     if unknown:
         return f"unknown fields {unknown}; allowed {allowed}"
-    key = PARSER_KEY.search(text)
-    field = key.group(1) if key else "settings"
+    field = ".".join(PARSER_KEY.findall(text)) or "settings"  # nested: link_runs.engine
     literal = re.search(r"Expected a typing\.Literal\[(.*?)\]\. Got value: (.*)$", text)
     if literal:
         return f"{field}={literal.group(2).strip()!r}: allowed {literal.group(1)}"
+    ranged = RANGE.search(text)
+    if ranged:
+        return f"{field}={ranged.group(1)}: {must_be(ranged.group(2))}"
     missing = re.search(r"File does not exist: '([^']*)'", text)
     if missing:
         return f"{field}: no such file {missing.group(1)!r}"
@@ -174,8 +176,8 @@ class Parser(jsonargparse.ArgumentParser):
 
     def parse_args(self, *args: Any, **kwargs: Any) -> jsonargparse.Namespace:  # type: ignore[override]
         namespace = super().parse_args(*args, **kwargs)
-        for key in namespace.keys():
-            namespace[key] = plain(namespace[key])
+        for key, value in list(namespace.items()):
+            namespace[key] = plain(value)
         return namespace
 
     def subcommands(self, dest: str) -> Any:
@@ -204,11 +206,11 @@ def flat(namespace: jsonargparse.Namespace, *dests: str) -> argparse.Namespace:
 
 
 @functools.cache
-def _fields_parser(cls: type) -> jsonargparse.ArgumentParser:
+def _fields_parser(cls: type, skip: tuple[str, ...]) -> jsonargparse.ArgumentParser:
     hints = typing.get_type_hints(cls)
     parser = jsonargparse.ArgumentParser(exit_on_error=False)
     for f in dataclasses.fields(cls):
-        if f.init and f.name != "path":
+        if f.init and f.name != "path" and f.name not in skip:
             parser.add_argument(f"--{f.name}", type=hints[f.name])
     return parser
 
@@ -224,16 +226,20 @@ def plain(value: Any) -> Any:
     return value
 
 
-def check_fields(obj: Any, what: str) -> None:
+def check_fields(obj: Any, what: str, skip: tuple[str, ...] = ()) -> None:
     """Every field of dataclass ``obj`` against its type, ranges included (``PositiveInt``,
     ``Literal[...]``; a bool is not an int): a ``ValueError`` ``"<what> <field>=<value>: <what is
     allowed>"`` for the first that does not fit; a value of a range type becomes a plain number.
     Rules across fields stay in ``__post_init__``."""
-    values = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.init and f.name != "path"}
+    values = {
+        f.name: getattr(obj, f.name)
+        for f in dataclasses.fields(obj)
+        if f.init and f.name != "path" and f.name not in skip  # skip: checked where they are read
+    }
     for name, value in values.items():
         object.__setattr__(obj, name, plain(value))  # frozen dataclasses too
     try:
-        _fields_parser(type(obj)).parse_object(values)
+        _fields_parser(type(obj), skip).parse_object(values)
     except Exception as exc:  # jsonargparse's ArgumentError (a TypeError for some values)
         text = " ".join(str(exc).split())
         key = PARSER_KEY.search(text)
@@ -248,6 +254,8 @@ def check_fields(obj: Any, what: str) -> None:
             for a in typing.get_args(h)
         ]
         rule = RANGE.search(text)
+        if isinstance(values[name], tuple):
+            values[name] = list(values[name])  # as a settings file writes it
         if allowed:
             reason = f"allowed values are {tuple(allowed)}"
         elif rule:

@@ -267,7 +267,7 @@ CASES = [
     (
         "bench: bad settings",
         "bench --settings {bad_bench_yaml} --out {outdir}",
-        r"repeats=-1: must be a positive integer",
+        r"repeats=-1: must be > 0",
     ),
 ]
 

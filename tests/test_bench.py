@@ -173,7 +173,7 @@ def test_summary_and_ratios():
 @pytest.mark.parametrize(
     "text,message",
     [
-        ("preset: full\nrepeats: 0\n", r"repeats=0: must be a positive integer"),
+        ("preset: full\nrepeats: 0\n", r"repeats=0: must be > 0"),
         ("preset: full\nstages: [2, 5]\n", r"stages 5: need 2 <= K and K dividing n_layer=12"),
         ("preset: full\nbatch_size: 10\n", r"batch_size=10 must divide into micro_batches=4"),
         ("preset: full\nmla_rope_widths: [8, 16]\n", r"must include 0"),
@@ -188,10 +188,10 @@ def test_summary_and_ratios():
         ),
         (
             "preset: full\nlink_runs: [{method: none}, {method: none, engine: jax}]\n",
-            r"engine='jax'; allowed",
+            r"link_runs.engine='jax': allowed 'ours', 'torch'",
         ),
         ("preset: full\ncompressors: [quant(9)]\n", r"quant bits=9"),
-        ("preset: full\nsections: [speed]\n", r"sections=\['speed'\]"),
+        ("preset: full\nsections: [speed]\n", r"sections='speed': allowed 'lightning'"),
         ("preset: fast\n", r"preset='fast'"),
         ("preset: full\nrepeat: 3\n", r"unknown fields \['repeat'\]"),
     ],

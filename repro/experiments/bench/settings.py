@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from repro.arguments import NonNegativeInt, PositiveFloat, PositiveInt, Probability, check_fields
 from repro.experiments.kit.settings import ConfigPath, shipped_settings
 from repro.experiments.kit.settings import load_settings as load_settings_file
 from repro.pipeline.codecs import METHODS
@@ -23,6 +24,7 @@ from repro.pipeline.compressors import build_compressor
 from repro.pipeline.schedule import SCHEDULES
 from repro.pipeline.stage_parts import PLACEMENTS
 
+ENGINES = ("ours", "torch")  # a link run's pipeline: the clapping strategy, torch.distributed.pipelining
 PRESETS = ("full", "quick", "gpu", "versus_torch", "links")
 SECTIONS = (
     "lightning",
@@ -41,27 +43,27 @@ SECTIONS = (
 
 @dataclass(frozen=True)
 class NetworkRun:
-    method: str
+    method: Literal[METHODS]
     """pipeline method (repro.pipeline.methods.METHODS)"""
     fwd_compressor: str = "identity"
     """activation compressor"""
     bwd_compressor: str = "identity"
     """gradient compressor"""
-    p: float = 1.0
+    p: Probability = 1.0
     """lazy-sampling probability"""
     tied_compressor: str = "identity"
     """link section: the tied embedding/head gradient sum (identity: exact)"""
     untied: bool = False
     """link section: the bench GPT with a head of its own (no tied sum)"""
-    schedule: str | None = None
+    schedule: Literal[SCHEDULES] | None = None
     """link section: gpipe | 1f1b; None = link_schedule"""
-    micro_batches: int | None = None
+    micro_batches: PositiveInt | None = None
     """link section: M; None = link_micro_batches"""
-    engine: str = "ours"
+    engine: Literal[ENGINES] = "ours"
     """link section: ours (the clapping strategy) | torch (torch.distributed.pipelining)"""
-    extra_warmup: int = 0
+    extra_warmup: NonNegativeInt = 0
     """link section, 1f1b: forwards a stage runs ahead of 1F1B's (the strategy's)"""
-    placement: str = "linear"
+    placement: Literal[PLACEMENTS] = "linear"
     """link section: the strategy's placement ('v': the embedding on the last stage)"""
 
     @property
@@ -97,7 +99,6 @@ NETWORK_RUNS = (
     NetworkRun("clapping_fc", "quant(4)", "quant(8)", 0.5),
     NetworkRun("clapping_fu", "topk(0.1)", "topk(0.1)", 0.5),
 )
-ENGINES = ("ours", "torch")  # a link run's pipeline: the clapping strategy, torch.distributed.pipelining
 LINK_RUNS = (
     NetworkRun("none"),
     NetworkRun("none", untied=True),
@@ -112,49 +113,49 @@ MESSAGE_SHAPES = ((4, 128, 128), (4, 512, 512), (4, 1024, 768))
 
 @dataclass(frozen=True)
 class BenchSettings:
-    preset: Literal["full", "quick", "gpu", "versus_torch", "links"]
+    preset: Literal[PRESETS]
     """the name written into bench.json"""
-    n_layer: int = 12
+    n_layer: PositiveInt = 12
     """GPT layers (divisible by every entry of stages)"""
-    n_embd: int = 128
+    n_embd: PositiveInt = 128
     """hidden width"""
-    n_head: int = 4
+    n_head: PositiveInt = 4
     """attention heads"""
-    vocab_size: int = 2048
+    vocab_size: PositiveInt = 2048
     """token ids of the synthetic data"""
-    block_size: int = 128
+    block_size: PositiveInt = 128
     """sequence length of every section except scale"""
-    batch_size: int = 16
+    batch_size: PositiveInt = 16
     """sequences per optimizer step"""
-    micro_batches: int = 4
+    micro_batches: PositiveInt = 4
     """M micro-batches per step in every pipeline run"""
-    repeats: int = 3
+    repeats: PositiveInt = 3
     """interleaved repeats of every timed measurement (median and spread over them)"""
-    warmup_steps: int = 5
+    warmup_steps: NonNegativeInt = 5
     """steps run before the clock starts (single process)"""
-    timed_steps: int = 20
+    timed_steps: PositiveInt = 20
     """steps timed per repeat (single process)"""
-    rope_timed_steps: int = 10
+    rope_timed_steps: PositiveInt = 10
     """steps timed per repeat and variant (rope section; 6 variants)"""
-    pipe_repeats: int = 5
+    pipe_repeats: PositiveInt = 5
     """repeats of the pipeline section (each run starts K processes)"""
-    network_repeats: int = 2
+    network_repeats: PositiveInt = 2
     """repeats of the network section"""
-    pipe_warmup_steps: int = 3
+    pipe_warmup_steps: NonNegativeInt = 3
     """steps run before the clock starts (pipeline runs)"""
-    pipe_timed_steps: int = 8
+    pipe_timed_steps: PositiveInt = 8
     """steps timed per repeat (pipeline runs)"""
     stages: tuple[int, ...] = (2, 4)
     """K of the pipeline comparison and the scale curve"""
-    mla_rope_widths: tuple[int, ...] = (0, 8, 32)
+    mla_rope_widths: tuple[NonNegativeInt, ...] = (0, 8, 32)
     """MLA physical rotary widths (0 = the reference)"""
-    seq_lengths: tuple[int, ...] = (64, 128, 256)
+    seq_lengths: tuple[PositiveInt, ...] = (64, 128, 256)
     """sequence lengths of the scale curve"""
-    seq_stages: int = 2
+    seq_stages: PositiveInt = 2
     """K of the sequence-length curve"""
-    bandwidth_mbps: float = 100.0
+    bandwidth_mbps: PositiveFloat = 100.0
     """emulated link of the network section"""
-    network_stages: int = 4
+    network_stages: PositiveInt = 4
     """K of the network section"""
     network_runs: tuple[NetworkRun, ...] = NETWORK_RUNS
     """timed on the slow link; the 1st is none"""
@@ -162,9 +163,9 @@ class BenchSettings:
     """compressors timed"""
     compressor_shapes: tuple[tuple[int, ...], ...] = MESSAGE_SHAPES
     """message shapes (micro-batch, T, d)"""
-    compressor_repeats: int = 5
+    compressor_repeats: PositiveInt = 5
     """timed compress+decompress calls per compressor and shape"""
-    memory_sizes: tuple[int, ...] = (1000, 4000, 16000)
+    memory_sizes: tuple[PositiveInt, ...] = (1000, 4000, 16000)
     """dataset sizes N of the buffer-memory curve"""
     cpu_configs: tuple[ConfigPath, ...] = ()
     """compile section on a CPU: model configs timed (fp32)"""
@@ -172,83 +173,46 @@ class BenchSettings:
     """compile section on CUDA: model configs timed (bf16-mixed)"""
     compile_backend: str = "inductor"
     """compile section: torch.compile backend of the compiled rows"""
-    compile_warmup_steps: int = 10
+    compile_warmup_steps: PositiveInt = 10
     """compile section: untimed steps first (compilation happens here)"""
-    compile_timed_steps: int = 30
+    compile_timed_steps: PositiveInt = 30
     """compile section: timed steps per path and model"""
-    compile_repeats: int = 3
+    compile_repeats: PositiveInt = 3
     """compile section: interleaved repeats (compilation is cached after the first)"""
-    data_corpus_mb: float = 16.0
+    data_corpus_mb: PositiveFloat = 16.0
     """data section: generated corpus of the prepare and loader throughput"""
-    data_rss_corpus_mb: float = 2048.0
+    data_rss_corpus_mb: PositiveFloat = 2048.0
     """data section: generated corpus of the prepare's peak-memory row"""
-    data_vocab_size: int = 8192
+    data_vocab_size: PositiveInt = 8192
     """data section: BPE vocabulary of the throughput rows"""
-    data_workers: int = 0
+    data_workers: NonNegativeInt = 0
     """data section: prepare workers (0 = every core)"""
-    data_repeats: int = 2
+    data_repeats: PositiveInt = 2
     """data section: interleaved repeats of the throughput rows"""
-    data_loader_batches: int = 200
+    data_loader_batches: PositiveInt = 200
     """data section: batches timed per loader repeat"""
-    gpu_tokens_per_s: float = 651_000.0
+    gpu_tokens_per_s: PositiveFloat = 651_000.0
     """data section: tokens/s of a compiled paper_mha step, one H200"""
     link_rates_mbit: tuple[float, ...] = (100.0, 1000.0)
     """link section: rates of the shaped links"""
-    link_timed_steps: int = 6
+    link_timed_steps: PositiveInt = 6
     """link section: timed steps per run (after pipe_warmup_steps)"""
     link_stages: tuple[int, ...] = (4,)
     """link section: K (one network namespace per stage)"""
     link_runs: tuple[NetworkRun, ...] = LINK_RUNS
     """link section: the runs; the 1st is the reference none"""
-    link_schedule: str = "1f1b"
+    link_schedule: Literal[SCHEDULES] = "1f1b"
     """link section: the schedule of runs that name none"""
-    link_micro_batches: int = 16
+    link_micro_batches: PositiveInt = 16
     """link section: M of runs that name none (batch_size must divide by it)"""
-    sections: tuple[str, ...] = SECTIONS
+    sections: tuple[Literal[SECTIONS], ...] = SECTIONS
     """which sections run"""
     path: str = field(default="", compare=False)
     """the YAML these settings came from"""
 
     def __post_init__(self) -> None:
         where = f"bench settings {self.path!r}" if self.path else "bench settings"
-        if self.preset not in PRESETS:
-            raise ValueError(f"{where}: preset={self.preset!r}; allowed {PRESETS}")
-        for name in (
-            "n_layer",
-            "n_embd",
-            "n_head",
-            "vocab_size",
-            "block_size",
-            "batch_size",
-            "micro_batches",
-            "repeats",
-            "timed_steps",
-            "rope_timed_steps",
-            "pipe_repeats",
-            "network_repeats",
-            "pipe_timed_steps",
-            "seq_stages",
-            "network_stages",
-            "compressor_repeats",
-            "compile_warmup_steps",
-            "compile_timed_steps",
-            "compile_repeats",
-            "data_vocab_size",
-            "data_repeats",
-            "data_loader_batches",
-            "link_timed_steps",
-            "link_micro_batches",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{where}: {name}={value!r}: must be a positive integer")
-        for name in ("data_corpus_mb", "data_rss_corpus_mb", "gpu_tokens_per_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{where}: {name}={getattr(self, name)!r}: must be > 0")
-        for name in ("warmup_steps", "pipe_warmup_steps", "data_workers"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{where}: {name}={value!r}: must be an integer >= 0")
+        check_fields(self, where, skip=("cpu_configs", "gpu_configs", "network_runs", "link_runs"))
         if self.n_embd % self.n_head:
             raise ValueError(f"{where}: n_head={self.n_head} must divide n_embd={self.n_embd}")
         if self.batch_size % self.micro_batches:
@@ -262,7 +226,7 @@ class BenchSettings:
             if k < 2 or self.n_layer % k:
                 raise ValueError(f"{where}: stages {k}: need 2 <= K and K dividing n_layer={self.n_layer}")
         for w in self.mla_rope_widths:
-            if isinstance(w, bool) or not isinstance(w, int) or w < 0 or w % 2:
+            if w % 2:
                 raise ValueError(f"{where}: mla_rope_widths entry {w!r}: must be an even integer >= 0")
         if 0 not in self.mla_rope_widths:
             raise ValueError(
@@ -272,8 +236,6 @@ class BenchSettings:
             raise ValueError(
                 f"{where}: seq_lengths={list(self.seq_lengths)} must include block_size={self.block_size}"
             )
-        if not self.bandwidth_mbps > 0:
-            raise ValueError(f"{where}: bandwidth_mbps={self.bandwidth_mbps!r}: must be > 0")
         if not self.network_runs or self.network_runs[0].method != "none" or self.network_runs[0].p != 1.0:
             raise ValueError(f"{where}: network_runs must start with method 'none' (p 1), the reference")
         if (
@@ -285,14 +247,11 @@ class BenchSettings:
             raise ValueError(f"{where}: link_runs must start with method 'none' (p 1), the reference")
         for field_name in ("network_runs", "link_runs"):
             for run in getattr(self, field_name):
-                if run.method not in METHODS:
-                    raise ValueError(f"{where}: {field_name} method={run.method!r}; allowed {METHODS}")
+                check_fields(run, f"{where}: {field_name}")
                 for part in ("fwd", "bwd", "tied"):
                     build_compressor(
                         getattr(run, f"{part}_compressor"), f"{where}: {field_name} {part}_compressor"
                     )
-                if run.engine not in ENGINES:
-                    raise ValueError(f"{where}: {field_name} engine={run.engine!r}; allowed {ENGINES}")
                 if run.engine == "torch" and (
                     field_name != "link_runs"
                     or (run.method, run.fwd_compressor, run.bwd_compressor, run.p, run.tied_compressor)
@@ -302,7 +261,7 @@ class BenchSettings:
                         f"{where}: {field_name} engine='torch' (torch.distributed.pipelining) runs in link_runs "
                         f"only, with method none, identity compressors, p 1 and the exact tied sum"
                     )
-                if run.placement not in PLACEMENTS or (run.placement != "linear" and run.engine != "ours"):
+                if run.placement != "linear" and run.engine != "ours":
                     raise ValueError(
                         f"{where}: {field_name} placement={run.placement!r}: allowed {PLACEMENTS} (the strategy's "
                         f"option; torch's runs are linear)"
@@ -313,22 +272,15 @@ class BenchSettings:
                     raise ValueError(
                         f"{where}: {field_name} extra_warmup={run.extra_warmup}: the strategy's 1f1b runs only"
                     )
-                if run.schedule not in (None, *SCHEDULES):
-                    raise ValueError(f"{where}: {field_name} schedule={run.schedule!r}; allowed {SCHEDULES}")
                 m = run.micro_batches or self.link_micro_batches
                 if self.batch_size % m:
                     raise ValueError(
                         f"{where}: {field_name}: batch_size={self.batch_size} does not split into M={m}"
                     )
-        if self.link_schedule not in SCHEDULES:
-            raise ValueError(f"{where}: link_schedule={self.link_schedule!r}; allowed {SCHEDULES}")
         for spec in self.compressors:
             build_compressor(spec, f"{where}: compressors")
-        bad = [s for s in self.sections if s not in SECTIONS]
-        if bad or not self.sections:
-            raise ValueError(
-                f"{where}: sections={list(self.sections)!r}; allowed a non-empty subset of {SECTIONS}"
-            )
+        if not self.sections:
+            raise ValueError(f"{where}: sections=[]: give at least one of {SECTIONS}")
 
     @property
     def head_dim(self) -> int:
