@@ -31,7 +31,9 @@ NonNegativeInt = jsonargparse.typing.NonNegativeInt  # an int >= 0
 PositiveFloat = jsonargparse.typing.PositiveFloat  # a float > 0
 ClosedUnitInterval = jsonargparse.typing.ClosedUnitInterval  # a float in [0, 1]
 OpenUnitInterval = jsonargparse.typing.OpenUnitInterval  # a float in (0, 1)
+NonNegativeFloat = jsonargparse.typing.NonNegativeFloat  # a float >= 0
 Probability = restricted_number_type("Probability", float, [(">", 0), ("<=", 1)])  # a float in (0, 1]
+BelowOne = restricted_number_type("BelowOne", float, [(">=", 0), ("<", 1)])  # a float in [0, 1)
 
 
 PARSER_KEY = re.compile(r'Parser key "([^"]+)"')  # the key an error is about (nested keys: outermost first)
@@ -226,9 +228,9 @@ def plain(value: Any) -> Any:
     return value
 
 
-def check_fields(obj: Any, what: str, skip: tuple[str, ...] = ()) -> None:
+def check_fields(obj: Any, prefix: str, skip: tuple[str, ...] = ()) -> None:
     """Every field of dataclass ``obj`` against its type, ranges included (``PositiveInt``,
-    ``Literal[...]``; a bool is not an int): a ``ValueError`` ``"<what> <field>=<value>: <what is
+    ``Literal[...]``; a bool is not an int): a ``ValueError`` ``"<prefix><field>=<value>: <what is
     allowed>"`` for the first that does not fit; a value of a range type becomes a plain number.
     Rules across fields stay in ``__post_init__``."""
     values = {
@@ -244,7 +246,7 @@ def check_fields(obj: Any, what: str, skip: tuple[str, ...] = ()) -> None:
         text = " ".join(str(exc).split())
         key = PARSER_KEY.search(text)
         if not key or key.group(1) not in values:
-            raise ValueError(f"{what}: {text}") from None
+            raise ValueError(f"{prefix}{text}") from None
         name = key.group(1)
         hint = typing.get_type_hints(type(obj))[name]
         allowed = [
@@ -262,7 +264,7 @@ def check_fields(obj: Any, what: str, skip: tuple[str, ...] = ()) -> None:
             reason = must_be(rule.group(2))
         else:
             reason = f"must be of type {getattr(hint, '__name__', None) or str(hint).replace('typing.', '')}"
-        raise ValueError(f"{what} {name}={values[name]!r}: {reason}") from None
+        raise ValueError(f"{prefix}{name}={values[name]!r}: {reason}") from None
 
 
 def field_docs(cls: type) -> dict[str, str]:

@@ -15,6 +15,15 @@ from lightning.pytorch.utilities import GradClipAlgorithmType
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torchmetrics import MeanMetric
 
+from repro.arguments import (
+    BelowOne,
+    ClosedUnitInterval,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    check_fields,
+)
 from repro.compile_option import check_compile_backend
 from repro.models import GPTConfig
 from repro.models.deferred_init import deferring
@@ -28,51 +37,31 @@ from .stages import GPTStages
 class OptimConfig:
     name: Literal["adamw", "sgd"] = "adamw"
     """optimizer: AdamW, or SGD with momentum (Clapping's theory)"""
-    momentum: float = 0.9
+    momentum: BelowOne = 0.9
     """SGD momentum m (0 = plain SGD); ignored by AdamW"""
-    lr: float = 3e-3
+    lr: PositiveFloat = 3e-3
     """peak learning rate"""
-    weight_decay: float = 0.1
+    weight_decay: NonNegativeFloat = 0.1
     """decoupled weight decay on matrices (not on norms, biases)"""
-    beta1: float = 0.9
+    beta1: BelowOne = 0.9
     """AdamW beta1"""
-    beta2: float = 0.95
+    beta2: BelowOne = 0.95
     """AdamW beta2"""
     eps: float = 1e-8
     """AdamW epsilon"""
-    warmup_steps: int = 100
+    warmup_steps: NonNegativeInt = 100
     """linear warmup from 0 to lr over this many optimizer steps"""
     schedule: Literal["cosine", "constant"] = "cosine"
     """after warmup: cosine decay, or constant lr"""
-    decay_steps: int | None = None
+    decay_steps: PositiveInt | None = None
     """steps of warmup + decay; None = the trainer's estimated total steps"""
-    min_lr_ratio: float = 0.1
+    min_lr_ratio: ClosedUnitInterval = 0.1
     """cosine decays to lr * min_lr_ratio"""
     fused: bool | None = None
     """fused optimizer kernel (one launch for all parameters); None = on CUDA only"""
 
     def __post_init__(self) -> None:
-        if self.name not in ("adamw", "sgd"):
-            raise ValueError(f"optim.name={self.name!r}: allowed values are ('adamw', 'sgd')")
-        if not 0.0 <= self.momentum < 1.0:
-            raise ValueError(f"optim.momentum={self.momentum!r}: must be in [0, 1)")
-        if not self.lr > 0:
-            raise ValueError(f"optim.lr={self.lr!r}: must be > 0")
-        if self.weight_decay < 0:
-            raise ValueError(f"optim.weight_decay={self.weight_decay!r}: must be >= 0")
-        for name in ("beta1", "beta2"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"optim.{name}={getattr(self, name)!r}: must be in [0, 1)")
-        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise ValueError(f"optim.warmup_steps={self.warmup_steps!r}: must be an integer >= 0")
-        if self.schedule not in ("cosine", "constant"):
-            raise ValueError(f"optim.schedule={self.schedule!r}: allowed values are ('cosine', 'constant')")
-        if self.decay_steps is not None and (not isinstance(self.decay_steps, int) or self.decay_steps <= 0):
-            raise ValueError(f"optim.decay_steps={self.decay_steps!r}: must be a positive integer or null")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"optim.min_lr_ratio={self.min_lr_ratio!r}: must be in [0, 1]")
-        if self.fused not in (None, True, False):
-            raise ValueError(f"optim.fused={self.fused!r}: must be true, false or null (= on CUDA only)")
+        check_fields(self, "optim.")  # each field's type and range
 
 
 class MeanExp(MeanMetric):

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from repro.arguments import BelowOne, NonNegativeInt, PositiveInt, check_fields
+
 ATTENTION_KINDS = ("mha", "mla")
 ROPE_CONVENTIONS = ("neox", "prope")
 MLP_KINDS = ("swiglu", "gelu")
@@ -24,45 +26,45 @@ def width_field_of(attention: str) -> str:
 
 @dataclass
 class GPTConfig:
-    vocab_size: int = 512
+    vocab_size: PositiveInt = 512
     """tokens in the vocabulary (linked from the datamodule by the CLI)"""
-    block_size: int = 128
+    block_size: PositiveInt = 128
     """maximum context length in tokens"""
-    n_layer: int = 4
+    n_layer: PositiveInt = 4
     """number of transformer blocks"""
-    n_embd: int = 128
+    n_embd: PositiveInt = 128
     """model width d_model"""
-    n_head: int = 4
+    n_head: PositiveInt = 4
     """query heads; head_dim = n_embd // n_head for MHA"""
-    n_kv_head: int | None = None
+    n_kv_head: PositiveInt | None = None
     """key/value heads for GQA (MHA only); None = n_head"""
-    attention: Literal["mha", "mla"] = "mha"
+    attention: Literal[ATTENTION_KINDS] = "mha"
     """fixed-width attention or Multi-head Latent Attention"""
     rope_dims: list[int] | None = None
     """MHA: rotated dims per layer, even, 0..head_dim; None = all head_dim"""
-    rope_convention: Literal["neox", "prope"] = "neox"
+    rope_convention: Literal[ROPE_CONVENTIONS] = "neox"
     """frequency convention of the rotated slice"""
     rope_base: float = 10000.0
     """RoPE base (theta)"""
     # --- MLA (DeepSeek-V2 style, decoupled RoPE) ---
-    q_lora_rank: int = 0
+    q_lora_rank: NonNegativeInt = 0
     """MLA: rank of the low-rank query projection; 0 = full-rank query"""
-    kv_lora_rank: int = 64
+    kv_lora_rank: PositiveInt = 64
     """MLA: compressed latent width d_c (cached per token)"""
-    qk_nope_head_dim: int = 32
+    qk_nope_head_dim: PositiveInt = 32
     """MLA: per-head query/key dims that carry no position (d_nope)"""
-    v_head_dim: int = 32
+    v_head_dim: PositiveInt = 32
     """MLA: per-head value dims (d_v)"""
     qk_rope_head_dim: list[int] | None = None
     """MLA: rotary width d_R per layer, even, >= 0; None = d_nope"""
     # --- the rest of the block ---
-    mlp: Literal["swiglu", "gelu"] = "swiglu"
+    mlp: Literal[MLP_KINDS] = "swiglu"
     """MLP kind"""
-    mlp_hidden: int | None = None
+    mlp_hidden: PositiveInt | None = None
     """MLP width; None = 4*n_embd (gelu), 8/3*n_embd rounded to 8 (swiglu)"""
     norm_eps: float = 1e-5
     """RMSNorm epsilon"""
-    dropout: float = 0.0
+    dropout: BelowOne = 0.0
     """dropout on attention output and MLP output"""
     bias: bool = False
     """bias in linear layers"""
@@ -80,27 +82,9 @@ class GPTConfig:
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
-        def positive(name: str) -> None:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"GPTConfig.{name}={value!r}: must be a positive integer")
-
-        for name in ("vocab_size", "block_size", "n_layer", "n_embd", "n_head"):
-            positive(name)
-        if self.attention not in ATTENTION_KINDS:
-            raise ValueError(f"GPTConfig.attention={self.attention!r}: allowed values are {ATTENTION_KINDS}")
-        if self.rope_convention not in ROPE_CONVENTIONS:
-            raise ValueError(
-                f"GPTConfig.rope_convention={self.rope_convention!r}: allowed values are {ROPE_CONVENTIONS}"
-            )
-        if self.mlp not in MLP_KINDS:
-            raise ValueError(f"GPTConfig.mlp={self.mlp!r}: allowed values are {MLP_KINDS}")
+        check_fields(self, "GPTConfig.", skip=("rope_dims", "qk_rope_head_dim"))  # widths: below, per layer
         if not self.rope_base > 1.0:
             raise ValueError(f"GPTConfig.rope_base={self.rope_base!r}: must be > 1")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"GPTConfig.dropout={self.dropout!r}: must be in [0, 1)")
-        if self.mlp_hidden is not None:
-            positive("mlp_hidden")
         if self.attention == "mha":
             self._validate_mha()
         else:
@@ -113,8 +97,7 @@ class GPTConfig:
                 f"(head_dim = n_embd / n_head); divisors of {self.n_embd} are "
                 f"{[d for d in range(1, self.n_embd + 1) if self.n_embd % d == 0]}"
             )
-        n_kv = self.kv_heads
-        if not isinstance(n_kv, int) or n_kv <= 0 or self.n_head % n_kv != 0:
+        if self.n_head % self.kv_heads != 0:
             raise ValueError(
                 f"GPTConfig.n_kv_head={self.n_kv_head!r}: must be a positive integer dividing n_head={self.n_head}"
             )
@@ -125,16 +108,6 @@ class GPTConfig:
         _check_width_list("rope_dims", self.rope_dims, self.n_layer, max_width=self.head_dim)
 
     def _validate_mla(self) -> None:
-        for name in ("kv_lora_rank", "qk_nope_head_dim", "v_head_dim"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(
-                    f"GPTConfig.{name}={value!r}: must be a positive integer for attention='mla'"
-                )
-        if not isinstance(self.q_lora_rank, int) or self.q_lora_rank < 0:
-            raise ValueError(
-                f"GPTConfig.q_lora_rank={self.q_lora_rank!r}: must be an integer >= 0 (0 = full rank)"
-            )
         if self.rope_dims is not None:
             raise ValueError("GPTConfig.rope_dims is set but attention='mla'; use qk_rope_head_dim for MLA")
         if self.n_kv_head not in (None, self.n_head):

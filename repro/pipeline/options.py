@@ -94,7 +94,7 @@ class PipelineOptions:
     """built from tied_compressor"""
 
     def __post_init__(self) -> None:
-        check_fields(self, "strategy")  # each option's type and range
+        check_fields(self, "strategy ")  # each option's type and range
         if self.layers_per_stage is not None:
             self.layers_per_stage = list(self.layers_per_stage)
         if self.extra_warmup and self.schedule != "1f1b":

@@ -212,7 +212,7 @@ class BenchSettings:
 
     def __post_init__(self) -> None:
         where = f"bench settings {self.path!r}" if self.path else "bench settings"
-        check_fields(self, where, skip=("cpu_configs", "gpu_configs", "network_runs", "link_runs"))
+        check_fields(self, f"{where}: ", skip=("cpu_configs", "gpu_configs", "network_runs", "link_runs"))
         if self.n_embd % self.n_head:
             raise ValueError(f"{where}: n_head={self.n_head} must divide n_embd={self.n_embd}")
         if self.batch_size % self.micro_batches:
@@ -247,7 +247,7 @@ class BenchSettings:
             raise ValueError(f"{where}: link_runs must start with method 'none' (p 1), the reference")
         for field_name in ("network_runs", "link_runs"):
             for run in getattr(self, field_name):
-                check_fields(run, f"{where}: {field_name}")
+                check_fields(run, f"{where}: {field_name} ")
                 for part in ("fwd", "bwd", "tied"):
                     build_compressor(
                         getattr(run, f"{part}_compressor"), f"{where}: {field_name} {part}_compressor"

@@ -57,7 +57,7 @@ class Grid:
     compressed with error feedback (their none row is compared with the exact none)"""
 
     def check(self, where: str) -> None:
-        check_fields(self, where)  # each field's type and range
+        check_fields(self, f"{where}.")  # each field's type and range
         if self.steps % min(self.eval_every, self.steps):
             raise ValueError(f"{where}: steps={self.steps} is not a multiple of eval_every={self.eval_every}")
         if not self.methods:
@@ -147,7 +147,7 @@ class ClappingSettings:
 
     def __post_init__(self) -> None:
         where = f"clapping settings {self.path!r}" if self.path else "clapping settings"
-        check_fields(self, where, skip=("model", "finetune", "from_scratch"))  # types and ranges
+        check_fields(self, f"{where}: ", skip=("model", "finetune", "from_scratch"))  # types and ranges
         if not self.regimes:
             raise ValueError(f"{where}: regimes=[]: give at least one of {REGIMES}")
         self.finetune.check(f"{where}: finetune")

@@ -76,7 +76,7 @@ class Table1Settings:
 
     def __post_init__(self) -> None:
         where = f"table1 settings {self.path!r}" if self.path else "table1 settings"
-        check_fields(self, where, skip=("target", "source"))  # each field's type and range
+        check_fields(self, f"{where}: ", skip=("target", "source"))  # each field's type and range
         if not self.architectures:
             raise ValueError(f"{where}: architectures=[]: give at least one of {ARCHITECTURES}")
         for name in ("target", "source"):
