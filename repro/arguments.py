@@ -24,8 +24,6 @@ import docstring_parser
 import jsonargparse
 from jsonargparse.typing import restricted_number_type
 
-jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)  # a field's help: its docstring
-
 PositiveInt = jsonargparse.typing.PositiveInt  # an int > 0
 NonNegativeInt = jsonargparse.typing.NonNegativeInt  # an int >= 0
 PositiveFloat = jsonargparse.typing.PositiveFloat  # a float > 0
@@ -265,6 +263,12 @@ def check_fields(obj: Any, prefix: str, skip: tuple[str, ...] = ()) -> None:
         else:
             reason = f"must be of type {getattr(hint, '__name__', None) or str(hint).replace('typing.', '')}"
         raise ValueError(f"{prefix}{name}={values[name]!r}: {reason}") from None
+
+
+def show_field_docs() -> None:
+    """jsonargparse's ``--help`` with each dataclass field's docstring (a model config's fields in
+    ``repro fit --help``): turned on for help only, since reading them costs about a second a parse."""
+    jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
 
 
 def field_docs(cls: type) -> dict[str, str]:

@@ -17,7 +17,7 @@ import yaml
 from jsonargparse import ArgumentError
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from repro.arguments import one_line
+from repro.arguments import one_line, show_field_docs
 from repro.cores import busy_machine_line
 from repro.lit.cli import ConfigError, ReproCLI
 from repro.lit.gpt_module import GPTLightningModule
@@ -118,6 +118,8 @@ def main(argv: list[str]) -> int:
         print(f"repro {command}: error: {problem}", file=sys.stderr)
         return 2
     register_strategies()
+    if asks_help(argv):
+        show_field_docs()
     busy = busy_machine_line(torch.get_num_threads())  # the pipeline's stages share the cores themselves
     first_local = os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("SLURM_LOCALID", "0") == "0"
     if busy and first_local and sys.stderr.isatty() and not asks_help(argv):  # said to a person at a terminal

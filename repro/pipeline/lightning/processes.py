@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from lightning.pytorch.strategies.ddp import DDPStrategy
 from lightning.pytorch.strategies.parallel import ParallelStrategy
-from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
-from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero_only
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from repro import lightning_compat as compat
 from repro.cores import threads_per_process
@@ -32,22 +32,11 @@ class StageProcesses(ParallelStrategy):
     _num_nodes: int
     check_config = staticmethod(check_pipeline_config)  # a run's config, checked before its processes start
 
-    @property
-    def root_device(self) -> torch.device:
-        assert self.parallel_devices is not None
-        return self.parallel_devices[self.local_rank]
-
-    @property
-    def num_nodes(self) -> int:
-        return self._num_nodes
-
-    @num_nodes.setter
-    def num_nodes(self, num_nodes: int) -> None:
-        self._num_nodes = num_nodes
-
-    @property
-    def num_processes(self) -> int:
-        return len(self.parallel_devices) if self.parallel_devices is not None else 0
+    # the ranks as DDPStrategy has them: one process per device, num_nodes machines
+    root_device = DDPStrategy.root_device
+    num_nodes = DDPStrategy.num_nodes
+    num_processes = DDPStrategy.num_processes
+    set_world_ranks = DDPStrategy.set_world_ranks
 
     @property
     def num_stages(self) -> int:
@@ -84,12 +73,6 @@ class StageProcesses(ParallelStrategy):
         else:
             launcher = compat.FullModelLauncher(self, start_method=self.options.start_method)
         compat.set_launcher(self, launcher)
-
-    def set_world_ranks(self) -> None:
-        if self.cluster_environment is not None:
-            self.cluster_environment.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
-            self.cluster_environment.set_world_size(self.num_nodes * self.num_processes)
-        rank_zero_only.rank = utils_rank_zero_only.rank = self.global_rank
 
     def _backend(self) -> str:
         if self.options.process_group_backend:
