@@ -289,7 +289,7 @@ def test_the_strategy_signature_is_the_options_names_types_and_defaults():
         ("repro.models.config", "GPTConfig"),
     ],
 )
-def test_every_option_has_a_one_line_comment(module, cls):
+def test_every_option_has_a_docstring(module, cls):
     import importlib
 
     klass = getattr(importlib.import_module(module), cls)
