@@ -1,6 +1,7 @@
 """The pipeline's training loader: every rank draws the same batches from the one sampler of the
 suite (lazy reuse with probability 1 - p; p = 1 is the ordinary shuffled order), started at the
-run's step, and the codecs of the rank's channel ends are built once the dataset size is known."""
+run's step (``PipelineState.steps_done``), and the codecs of the rank's channel ends are built
+once the dataset size is known."""
 
 from __future__ import annotations
 
@@ -37,9 +38,7 @@ def training_loader(strategy, dataloader: object) -> object:
     if seed is None:
         seed = trainer.datamodule.shuffle_seed if isinstance(trainer.datamodule, HasShuffleSeed) else 0
     state = strategy.state
-    state.attach_sampler(
-        LazyBatchSampler(len(dataloader.dataset), batch_size, strategy.options.p, int(seed), state.steps_done)
-    )
+    state.attach_sampler(LazyBatchSampler(len(dataloader.dataset), batch_size, strategy.options.p, int(seed)))
     build_stage_codecs(strategy, len(dataloader.dataset))
     workers = dataloader.num_workers
     return DataLoader(

@@ -27,11 +27,12 @@ class PipelineState:
     waiting: dict[str, Any] = field(default_factory=dict)
 
     def attach_sampler(self, sampler: LazyBatchSampler) -> None:
-        """The run's sampler, with the position a checkpoint left for it."""
+        """The run's sampler, started at ``steps_done`` (the one source of a run's step); a
+        checkpoint's sampler state is checked against it (same p, seed, dataset and batch size)."""
         self.sampler = sampler
         if "sampler" in self.waiting:
             sampler.load_state_dict(self.waiting.pop("sampler"))
-            sampler.set_step(self.steps_done)
+        sampler.set_step(self.steps_done)
 
     def attach_codecs(self, codecs: dict[tuple[str, str], ChannelCodec], device: torch.device) -> None:
         """This rank's channel ends (once), with the buffers a checkpoint left for them."""
