@@ -28,15 +28,11 @@ PositiveInt = jsonargparse.typing.PositiveInt  # an int > 0
 NonNegativeInt = jsonargparse.typing.NonNegativeInt  # an int >= 0
 PositiveFloat = jsonargparse.typing.PositiveFloat  # a float > 0
 ClosedUnitInterval = jsonargparse.typing.ClosedUnitInterval  # a float in [0, 1]
-OpenUnitInterval = jsonargparse.typing.OpenUnitInterval  # a float in (0, 1)
 NonNegativeFloat = jsonargparse.typing.NonNegativeFloat  # a float >= 0
 Probability = restricted_number_type("Probability", float, [(">", 0), ("<=", 1)])  # a float in (0, 1]
 BelowOne = restricted_number_type("BelowOne", float, [(">=", 0), ("<", 1)])  # a float in [0, 1)
 
-
 PARSER_KEY = re.compile(r'Parser key "([^"]+)"')  # the key an error is about (nested keys: outermost first)
-
-
 RESTRICTED = re.compile(
     r'Parser key "(\w+)"(?: element (\d+))?: Not of type (\w+): (.*?) does not conform to restriction (.+)$'
 )  # a value outside a range type (PositiveInt, ...)
@@ -153,6 +149,9 @@ class HelpFormatter(jsonargparse.DefaultHelpFormatter):
 
 
 class Parser(jsonargparse.ArgumentParser):
+    """A command's parser: jsonargparse's, its help by :class:`HelpFormatter`, a usage error one line
+    (:func:`option_line`), the parsed values plain numbers (:func:`plain`)."""
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
