@@ -145,7 +145,9 @@ class HelpFormatter(jsonargparse.DefaultHelpFormatter):
 
     def _get_type_str(self, action: argparse.Action) -> str | None:
         kind = super()._get_type_str(action)
-        return kind and re.sub(r"<class '(?:\w+\.)*(\w+)'>", r"\1", kind)
+        if kind is None or kind.startswith("<function"):  # a parsing function says nothing of a type
+            return None
+        return re.sub(r"<class '(?:\w+\.)*(\w+)'>", r"\1", kind)
 
 
 class Parser(jsonargparse.ArgumentParser):
@@ -178,6 +180,34 @@ class Parser(jsonargparse.ArgumentParser):
         for key, value in list(namespace.items()):
             namespace[key] = plain(value)
         return namespace
+
+    def add_fields(self, cls: type, *names: str, defaults: bool = True, **options: str) -> None:
+        """An option per field of dataclass ``cls``, written once there: ``--field-name`` (or the
+        option ``options`` names for it: ``options={"dtype": "token_dtype"}``), its type (a tuple
+        or list: ``nargs '+'`` of its items), its attribute docstring as help, and its default
+        (``defaults=False``: None, for an override of settings read elsewhere); the parsed value is
+        under the field's name. A bool field is a flag: ``--x`` sets it, or ``--no-x`` clears one
+        whose default is true."""
+        hints, docs = typing.get_type_hints(cls), field_docs(cls)
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        for option, name in [*((n.replace("_", "-"), n) for n in names), *options.items()]:
+            f, hint, kwargs = fields[name], hints[name], {"help": docs[name], "dest": name}
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            if hint is bool and option.startswith("no-"):
+                kwargs.update(action="store_false", help=f"turn off (default on): {docs[name]}")
+            elif hint is bool:
+                kwargs["action"] = "store_true"
+            elif typing.get_origin(hint) in (tuple, list):
+                kwargs.update(type=typing.get_args(hint)[0], nargs="+")
+            else:
+                kwargs["type"] = hint
+            if default is dataclasses.MISSING:
+                kwargs["required"] = True
+            elif defaults or hint is bool:
+                kwargs["default"] = default
+            else:
+                kwargs["default"] = None
+            self.add_argument(f"--{option}", **kwargs)
 
     def subcommands(self, dest: str) -> Any:
         """jsonargparse's subcommands, each a :class:`Parser` (``add(name, help=...)`` makes one)."""

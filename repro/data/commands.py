@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import sys
 
-from repro.arguments import ClosedUnitInterval, NonNegativeInt, Parser, PositiveFloat, PositiveInt, flat
+from repro.arguments import Parser, PositiveFloat, flat
 
 from .prepared import MANIFEST, PreparedCorpus
 from .shards import ShardError
-from .sources import FORMATS, Source
+from .sources import Source
 from .writing import PrepareConflict
 
 USAGE_ERRORS = (ValueError, FileNotFoundError, ConnectionError, PrepareConflict, ShardError)
@@ -33,58 +33,35 @@ def _source_splits(text: str | dict[str, str]) -> dict[str, str]:
 
 
 def parser() -> Parser:
+    from .prepare import PrepareSettings  # the options are its fields and Source's (help, types, defaults)
+
     p = Parser(prog="repro data", description="Prepared corpora: token shards, a tokenizer and a manifest.")
     sub = p.subcommands("action")
     prep = sub("prepare", help="a source -> train / validation / test token shards")
     prep.add_argument(
         "source", nargs="+", help="'shakespeare', files / globs / a folder, or a hub dataset id"
     )
-    prep.add_argument(
-        "--out", required=True, help="output folder (a rerun of an unfinished prepare resumes it)"
-    )
-    prep.add_argument(
-        "--format", default="auto", choices=FORMATS, help="the source's format (default: detected)"
-    )
-    prep.add_argument("--text-column", default="text", help="the column holding a row's text")
-    prep.add_argument("--name-column", default=None, help="a column naming each row (default: its position)")
-    prep.add_argument("--hub-config", default=None, help="a hub dataset's config (subset)")
-    prep.add_argument("--hub-split", default="train", help="the split read from a hub dataset or DatasetDict")
+    prep.add_fields(PrepareSettings, "out")
+    prep.add_fields(Source, "format", "text_column", "name_column", "hub_config", "hub_split")
     prep.add_argument(
         "--source-splits",
         type=_source_splits,
         default="",
         help="take the source's own splits: e.g. train=train,validation=validation,test=test",
     )
-    prep.add_argument(
-        "--tokenizer", default="bpe", help="'bpe' or 'char' (trained here) or a tokenizer.json / folder"
-    )
-    prep.add_argument("--vocab-size", type=PositiveInt, default=8192, help="BPE vocabulary size")
+    prep.add_fields(PrepareSettings, "tokenizer", "vocab_size")
     prep.add_argument(
         "--tokenizer-sample-mb",
         type=PositiveFloat,
         default=200.0,
         help="a trained tokenizer learns from this much text",
     )
-    prep.add_argument("--eos-token", default=None, help="a tokenizer file's end-of-document token")
-    prep.add_argument(
-        "--val-fraction", type=ClosedUnitInterval, default=0.1, help="fraction of documents held out"
-    )
-    prep.add_argument(
-        "--test-fraction",
-        type=ClosedUnitInterval,
-        default=0.5,
-        help="fraction of the held-out ones that test",
-    )
-    prep.add_argument("--split-seed", type=NonNegativeInt, default=0, help="seed of the split")
+    prep.add_fields(
+        PrepareSettings, "eos_token", "val_fraction", "test_fraction", "split_seed", "max_documents", "shard_tokens",
+        "workers", dtype="token_dtype", **{"no-progress": "progress"},
+    )  # fmt: skip
     prep.add_argument("--val-documents", nargs="*", default=[], help="file sources: the documents held out")
     prep.add_argument("--test-documents", nargs="*", default=[], help="file sources: held-out ones that test")
-    prep.add_argument("--max-documents", type=PositiveInt, default=None, help="read at most this many rows")
-    prep.add_argument(
-        "--shard-tokens", type=PositiveInt, default=100_000_000, help="tokens per shard (about)"
-    )
-    prep.add_argument("--dtype", default="auto", choices=("auto", "uint16", "uint32"), help="token dtype")
-    prep.add_argument("--workers", type=PositiveInt, default=1, help="tokenizing processes (e.g. the cores)")
-    prep.add_argument("--no-progress", action="store_true", help="no progress bar")
     for name, what in (("info", "what a prepared folder holds"), ("verify", "check every shard's checksum")):
         action = sub(name, help=what)
         action.add_argument("folder", help="a folder made by repro data prepare")
@@ -110,6 +87,8 @@ def _prepare(args) -> int:
     from .prepare import PrepareSettings, prepare
 
     try:
+        fields = ("out", "tokenizer", "vocab_size", "eos_token", "val_fraction", "test_fraction", "split_seed",
+                  "source_splits", "max_documents", "shard_tokens", "token_dtype", "workers", "progress")  # fmt: skip
         settings = PrepareSettings(
             source=Source(
                 tuple(args.source),
@@ -119,22 +98,10 @@ def _prepare(args) -> int:
                 args.hub_config,
                 args.hub_split,
             ),
-            out=args.out,
-            tokenizer=args.tokenizer,
-            vocab_size=args.vocab_size,
             tokenizer_sample_bytes=int(args.tokenizer_sample_mb * 1e6),
-            eos_token=args.eos_token,
-            val_fraction=args.val_fraction,
-            test_fraction=args.test_fraction,
-            split_seed=args.split_seed,
             val_documents=tuple(args.val_documents),
             test_documents=tuple(args.test_documents),
-            source_splits=args.source_splits,
-            max_documents=args.max_documents,
-            shard_tokens=args.shard_tokens,
-            token_dtype=args.dtype,
-            workers=args.workers,
-            progress=not args.no_progress,
+            **{name: getattr(args, name) for name in fields},
         )
         prepare(settings)
         corpus = PreparedCorpus(args.out, "header", what="--out")

@@ -19,10 +19,11 @@ import hashlib
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
+from repro.arguments import BelowOne, NonNegativeInt, PositiveInt, check_fields
 from repro.files import read_json
 
 from .corpus import split_names
@@ -37,37 +38,43 @@ DTYPES = ("auto", "uint16", "uint32")
 
 @dataclass(frozen=True)
 class PrepareSettings:
-    source: Source  # what is read
-    out: str  # the output folder
-    tokenizer: str = "bpe"  # 'bpe' or 'char' (trained here), or a tokenizer.json / tokenizer folder
-    vocab_size: int = 8192  # BPE vocabulary size (a trained vocabulary may be smaller)
-    tokenizer_sample_bytes: int = 200_000_000  # a trained tokenizer learns from this much training text
-    eos_token: str | None = None  # a tokenizer file's end-of-document token (default: found)
-    val_fraction: float = 0.1  # fraction of documents held out (validation + test)
-    test_fraction: float = 0.5  # fraction of the held-out documents that form the test split
-    split_seed: int = 0  # seed of the split
-    val_documents: tuple[str, ...] = ()  # file sources: names of the documents held out instead
-    test_documents: tuple[str, ...] = ()  # file sources: names of the held-out documents that test
-    source_splits: dict[str, str] = field(default_factory=dict)  # {train|validation|test: source split}
-    max_documents: int | None = None  # read at most this many documents of the source (row sources)
-    shard_tokens: int = 100_000_000  # a shard is closed at the first document boundary past this
-    token_dtype: str = "auto"  # auto (by vocabulary size), uint16 or uint32
-    workers: int = 1  # tokenizing processes
-    progress: bool = True  # a progress bar on stderr
+    source: Source
+    """what is read"""
+    out: str
+    """the output folder"""
+    tokenizer: str = "bpe"
+    """'bpe' or 'char' (trained here), or a tokenizer.json / tokenizer folder"""
+    vocab_size: PositiveInt = 8192
+    """BPE vocabulary size (a trained vocabulary may be smaller)"""
+    tokenizer_sample_bytes: PositiveInt = 200_000_000
+    """a trained tokenizer learns from this much training text"""
+    eos_token: str | None = None
+    """a tokenizer file's end-of-document token (default: found)"""
+    val_fraction: BelowOne = 0.1
+    """fraction of documents held out (validation + test)"""
+    test_fraction: BelowOne = 0.5
+    """fraction of the held-out documents that form the test split"""
+    split_seed: NonNegativeInt = 0
+    """seed of the split"""
+    val_documents: tuple[str, ...] = ()
+    """file sources: names of the documents held out instead"""
+    test_documents: tuple[str, ...] = ()
+    """file sources: names of the held-out documents that test"""
+    source_splits: dict[str, str] = field(default_factory=dict)
+    """{train|validation|test: source split}"""
+    max_documents: PositiveInt | None = None
+    """read at most this many documents of the source (row sources)"""
+    shard_tokens: PositiveInt = 100_000_000
+    """a shard is closed at the first document boundary past this"""
+    token_dtype: Literal[DTYPES] = "auto"
+    """auto (by vocabulary size), uint16 or uint32"""
+    workers: PositiveInt = 1
+    """tokenizing processes"""
+    progress: bool = True
+    """a progress bar on stderr"""
 
     def __post_init__(self) -> None:
-        if self.token_dtype not in DTYPES:
-            raise ValueError(f"--dtype={self.token_dtype!r}: allowed values are {DTYPES}")
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError(f"--val-fraction={self.val_fraction!r}: must be in [0, 1)")
-        if not 0.0 <= self.test_fraction < 1.0:
-            raise ValueError(f"--test-fraction={self.test_fraction!r}: must be in [0, 1)")
-        for name in ("workers", "shard_tokens", "tokenizer_sample_bytes"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"--{name.replace('_', '-')}={value!r}: must be a positive integer")
-        if self.max_documents is not None and self.max_documents <= 0:
-            raise ValueError(f"--max-documents={self.max_documents!r}: must be a positive integer")
+        check_fields(self, "repro data prepare: ", skip=("source",))  # each field's type and range
         bad = sorted(set(self.source_splits) - {"train", "validation", "test"})
         if bad or (self.source_splits and "train" not in self.source_splits):
             raise ValueError(

