@@ -44,6 +44,16 @@ def option_line(message: str) -> str:
     """A command-line parse error naming the option as typed (``--steps 0: must be > 0``), the
     value, and what is allowed; argparse's own errors (a missing option, a bad choice) as they are."""
     text = " ".join(message.split())
+    union = re.match(r'Parser key "(\w+)": Does not validate against any of the Union subtypes', text)
+    if union:  # an optional override (PositiveInt | None, Literal[...] | None)
+        option, value = f"--{union.group(1).replace('_', '-')}", text.rsplit("Given value: ", 1)[-1]
+        rule = re.search(r"does not conform to restriction (v[^-]*?)(?: - |$)", text)
+        literal = re.search(r"Expected a typing\.Literal\[(.*?)\]", text)
+        kind = re.search(r"Not of type (\w+):", text)
+        if rule or literal or kind:
+            reason = f"not a {kind.group(1)}" if kind else ""
+            reason = f"allowed {literal.group(1)}" if literal else reason
+            return f"{option} {value}: " + (must_be(rule.group(1)) if rule else reason)
     ranged, typed = RESTRICTED.match(text), NOT_OF_TYPE.match(text)
     if not (ranged or typed):
         return text
@@ -130,9 +140,9 @@ def settings_one_line(exc: Exception, cls: type) -> str:
     return text.replace('Parser key "', "field '").replace('":', "':")
 
 
-class HelpFormatter(jsonargparse.DefaultHelpFormatter):
-    """jsonargparse's help (each option's type and default), a class type by its name, and no second
-    default where the help names the default in words."""
+class HelpFormatter(jsonargparse.DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """jsonargparse's help (each option's type and default), a class type by its name, no second
+    default where the help names the default in words, and the description and epilog as written."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         if not (action.help and "default" in action.help and action.option_strings):
@@ -200,13 +210,13 @@ class Parser(jsonargparse.ArgumentParser):
             elif typing.get_origin(hint) in (tuple, list):
                 kwargs.update(type=typing.get_args(hint)[0], nargs="+")
             else:
-                kwargs["type"] = hint
-            if default is dataclasses.MISSING:
+                kwargs["type"] = hint if defaults else hint | None
+            if default is dataclasses.MISSING and defaults:
                 kwargs["required"] = True
             elif defaults or hint is bool:
                 kwargs["default"] = default
             else:
-                kwargs["default"] = None
+                kwargs.update(default=None, help=f"{kwargs['help']} (default: the settings')")
             self.add_argument(f"--{option}", **kwargs)
 
     def subcommands(self, dest: str) -> Any:

@@ -20,7 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from repro.arguments import NonNegativeInt, Parser, PositiveFloat, PositiveInt, fields_help
+from repro.arguments import Parser, PositiveInt, fields_help
 from repro.data.tokenizer import tokenizer_digest
 from repro.experiments.kit.compute_plan import planned_runs, print_plan
 from repro.experiments.kit.data_use import data_lines
@@ -199,17 +199,11 @@ def run_clapping(
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="repro clapping",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         description=__doc__.split("\n\n")[0],
         epilog="settings file fields:\n" + fields_help(ClappingSettings),
     )
     add_settings_args(parser, "clapping", SCALES)
-    parser.add_argument(
-        "--seeds", type=NonNegativeInt, nargs="+", default=None, help="override the settings' seeds"
-    )
-    parser.add_argument(
-        "--accelerator", default=None, choices=("cpu", "gpu"), help="cpu or gpu (default: the settings')"
-    )
+    parser.add_fields(ClappingSettings, "seeds", "accelerator", defaults=False)  # overrides of the settings
     parser.add_argument("--out", default="results/clapping", help="results directory")
     parser.add_argument(
         "--cache-dir", default=None, help="tokenizer and token cache (default: the config's data.cache_dir)"
@@ -245,27 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="the compressor of the probe's rows, C or F/B (default: the fine-tune grid's first)",
     )
-    parser.add_argument(
-        "--link-steps",
-        type=PositiveInt,
-        default=None,
-        help="also measure each row's step time with its K ranks on veth links shaped to bandwidth_mbps: this "
-        "many timed steps per row (needs root; default: the settings' link_steps, 0 = off)",
-    )
-    parser.add_argument(
-        "--link-repeats",
-        type=PositiveInt,
-        default=None,
-        help="interleaved repeats of every link run (default: the settings' link_repeats); 2 or more give each "
-        "measured speed-up its 95%% CI",
-    )
-    parser.add_argument(
-        "--bandwidth-mbps",
-        type=PositiveFloat,
-        default=None,
-        help="the link speed of the link-time column and of --link-steps' shaped links (default: the settings' "
-        "bandwidth_mbps); the trained runs do not depend on it",
-    )
+    parser.add_fields(ClappingSettings, "link_steps", "link_repeats", "bandwidth_mbps", defaults=False)
     parser.add_argument("-v", "--verbose", action="store_true", help="show Lightning's own lines too")
     return parser
 
@@ -287,8 +261,6 @@ def print_clapping_plan(settings: ClappingSettings, out: Path, step_time: float 
 def main(argv: list[str] | None = None) -> int:
     args, path = parse_experiment_args(build_parser(), argv, settings_path)
     try:
-        if args.seeds is not None and len(set(args.seeds)) != len(args.seeds):
-            raise ValueError(f"--seeds {args.seeds}: must be distinct")
         settings = load_clapping_settings(
             path,
             seeds=tuple(args.seeds) if args.seeds else None,

@@ -38,7 +38,7 @@ from repro.alloc.analysis import interaction_terms
 from repro.alloc.coverage_profile import pair_benefits_from_results, profile_from_results
 from repro.alloc.phase_off_profile import measure_phase_off_profile
 from repro.alloc.transfer import transfer_profile
-from repro.arguments import NonNegativeInt, Parser, PositiveInt, fields_help
+from repro.arguments import Parser, PositiveInt, fields_help
 from repro.experiments.kit.scale_args import add_scale_args, add_settings_args, parse_experiment_args
 from repro.runs import Progress, RunResult, check_accelerator, train_all
 from repro.runs.shards import Shard, finished_results, gather
@@ -249,33 +249,11 @@ def _by_name(results: dict[str, RunResult], specs) -> dict[str, RunResult]:
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="repro table1",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         description=__doc__.split("\n\n")[0],
         epilog="settings file fields:\n" + fields_help(Table1Settings),
     )
     add_settings_args(parser, "table1", SCALES)
-    parser.add_argument(
-        "--seeds",
-        type=NonNegativeInt,
-        nargs="+",
-        default=None,
-        help="seeds of the rows (default: the settings')",
-    )
-    parser.add_argument(
-        "--steps",
-        type=PositiveInt,
-        default=None,
-        help="steps of a row run instead of the settings' (quick checks)",
-    )
-    parser.add_argument(
-        "--workers",
-        type=PositiveInt,
-        default=None,
-        help="runs trained side by side on CPU (default: the settings')",
-    )
-    parser.add_argument(
-        "--accelerator", default=None, choices=("cpu", "gpu"), help="cpu or gpu (default: the settings')"
-    )
+    parser.add_fields(Table1Settings, "seeds", "steps", "workers", "accelerator", defaults=False)  # overrides
     parser.add_argument(
         "--out", type=Path, default=Path("results/table1"), help="output folder (default results/table1)"
     )
