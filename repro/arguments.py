@@ -37,6 +37,9 @@ RESTRICTED = re.compile(
     r'Parser key "(\w+)"(?: element (\d+))?: Not of type (\w+): (.*?) does not conform to restriction (.+)$'
 )  # a value outside a range type (PositiveInt, ...)
 RANGE = re.compile(r"Not of type \w+: (.*?) does not conform to restriction (v[^-]*?)(?: - |$)")
+CHOICE = re.compile(
+    r'Parser key "(\w+)"(?: element (\d+))?: Expected a typing\.Literal\[(.*?)\]\. Got value: (.*)$'
+)
 NOT_OF_TYPE = re.compile(r'Parser key "(\w+)"(?: element (\d+))?: Not of type (\w+): (.+)$')
 
 
@@ -54,11 +57,13 @@ def option_line(message: str) -> str:
             reason = f"not a {kind.group(1)}" if kind else ""
             reason = f"allowed {literal.group(1)}" if literal else reason
             return f"{option} {value}: " + (must_be(rule.group(1)) if rule else reason)
-    ranged, typed = RESTRICTED.match(text), NOT_OF_TYPE.match(text)
-    if not (ranged or typed):
+    ranged, typed, choice = RESTRICTED.match(text), NOT_OF_TYPE.match(text), CHOICE.match(text)
+    if not (ranged or typed or choice):
         return text
-    name, element = (ranged or typed).group(1, 2)
+    name, element = (ranged or typed or choice).group(1, 2)
     option = f"--{name.replace('_', '-')}" + (f" (item {element})" if element else "")
+    if choice:
+        return f"{option} {choice.group(4)}: allowed {choice.group(3)}"
     if ranged:
         value, rule = ranged.group(4, 5)
         return f"{option} {value}: {must_be(rule)}"

@@ -6,12 +6,13 @@ min..max, and the median of the per-repeat ratios to its reference."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -200,9 +201,11 @@ def link_table(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="repro bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default=None, help=f"one of {PRESETS} (default full)")
+    parser.add_argument(
+        "--preset", type=Literal[PRESETS] | None, default=None, help="the shipped settings (default full)"
+    )
     parser.add_argument("--settings", default=None, help="a settings YAML instead of --preset")
-    parser.add_argument("--sections", nargs="+", default=None, help=f"run only these sections of {SECTIONS}")
+    parser.add_fields(BenchSettings, "sections", defaults=False)  # run only these
     parser.add_argument("--out", default="results/bench", help="results directory")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     parser.add_argument("-v", "--verbose", action="store_true", help="show Lightning's own lines too")
@@ -215,8 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings(args.settings or args.preset or "full")
         if args.sections:
-            fields = {**settings.__dict__, "sections": tuple(args.sections)}
-            settings = BenchSettings(**fields)
+            settings = dataclasses.replace(settings, sections=tuple(args.sections))
         report = run_bench(settings, Path(args.out), args.quiet)
     except (ValueError, FileNotFoundError) as exc:
         print(f"repro bench: error: {exc}", file=sys.stderr)
