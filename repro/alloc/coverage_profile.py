@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from repro.arguments import NonNegativeInt, PositiveInt, check_fields
 from repro.runs import Progress, RunResult, RunSpec, train_all
 from repro.runs.model_config import ModelConfig
 from repro.runs.shards import Shard, gather
@@ -45,19 +46,23 @@ def early_eval_every(steps: int, evaluations: int = EVALUATIONS) -> int:
 
 @dataclass(frozen=True)
 class CoverageProfileSettings:
-    steps: int  # T_early: optimizer steps of every run
-    seeds: tuple[int, ...] = SEEDS  # S_profile seeds; each seed = one init and one data order
-    eval_every: int = 10  # evaluate the validation loss every this many steps
-    last_n: int = LAST_N  # loss of a run = mean of its last n evaluations
-    group_size: int = 1  # g: upgrade contiguous groups of g layers (1 = one run per layer)
-    group_spread: Literal["divide", "copy"] = "divide"  # how a group's benefit is spread over its layers
-    schedule_steps: int | None = None  # lr schedule length (the full run's steps); None = T_early
+    steps: PositiveInt
+    """T_early: optimizer steps of every run"""
+    seeds: tuple[NonNegativeInt, ...] = SEEDS
+    """S_profile seeds; each seed = one init and one data order"""
+    eval_every: PositiveInt = 10
+    """evaluate the validation loss every this many steps"""
+    last_n: PositiveInt = LAST_N
+    """loss of a run = mean of its last n evaluations"""
+    group_size: PositiveInt = 1
+    """g: upgrade contiguous groups of g layers (1 = one run per layer)"""
+    group_spread: Literal["divide", "copy"] = "divide"
+    """how a group's benefit is spread over its layers"""
+    schedule_steps: PositiveInt | None = None
+    """lr schedule length (the full run's steps); None = T_early"""
 
     def __post_init__(self) -> None:
-        for name in ("steps", "eval_every", "last_n", "group_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"coverage profile {name}={value!r}: must be a positive integer")
+        check_fields(self, "coverage profile ")  # each field's type and range
         if not self.seeds:
             raise ValueError("coverage profile seeds: give at least one seed")
         if self.steps // self.eval_every < self.last_n:
@@ -65,8 +70,6 @@ class CoverageProfileSettings:
                 f"coverage profile: {self.steps} steps with eval_every={self.eval_every} give "
                 f"{self.steps // self.eval_every} evaluations, fewer than last_n={self.last_n}"
             )
-        if self.group_spread not in ("divide", "copy"):
-            raise ValueError(f"coverage profile group_spread={self.group_spread!r}: allowed 'divide', 'copy'")
         if self.schedule_steps is not None and self.schedule_steps < self.steps:
             raise ValueError(
                 f"coverage profile schedule_steps={self.schedule_steps}: must be >= steps={self.steps} "

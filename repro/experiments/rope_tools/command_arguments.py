@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from repro.alloc.coverage_profile import EARLY_FRACTION, EVALUATIONS, LAST_N, SEEDS
+from repro.alloc.coverage_profile import EARLY_FRACTION, EVALUATIONS, CoverageProfileSettings
 from repro.arguments import (
     ClosedUnitInterval,
     NonNegativeInt,
@@ -192,36 +192,12 @@ def build_parser() -> argparse.ArgumentParser:
         "early-run: the schedule is compressed into T_early steps",
     )
     cov.add_argument(
-        "--seeds",
-        type=NonNegativeInt,
-        nargs="+",
-        default=list(SEEDS),
-        help=f"S_profile seeds (default: {' '.join(map(str, SEEDS))})",
-    )
-    cov.add_argument(
         "--eval-every",
         type=PositiveInt,
         default=None,
         help=f"validation interval in steps (default: T_early/{EVALUATIONS})",
     )
-    cov.add_argument(
-        "--last-n",
-        type=PositiveInt,
-        default=LAST_N,
-        help=f"a run's loss is the mean of its last n evaluations (default {LAST_N})",
-    )
-    cov.add_argument(
-        "--group-size",
-        type=PositiveInt,
-        default=1,
-        help="upgrade contiguous groups of g layers (ceil(L/g)+1 runs per seed)",
-    )
-    cov.add_argument(
-        "--group-spread",
-        choices=("divide", "copy"),
-        default="divide",
-        help="spread a group's benefit over its layers: divide equally (default) or copy to each",
-    )
+    cov.add_fields(CoverageProfileSettings, "seeds", "last_n", "group_size", "group_spread")
     cov.add_argument("--out", required=True, type=Path, help="output profile JSON")
     _levels_args(cov)
     _runs_args(cov)
