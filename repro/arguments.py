@@ -172,9 +172,29 @@ class Parser(jsonargparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
+        self.subparsers: dict[str, Parser] = {}  # name -> the parser of that subcommand
+
+    def _locate(self, key: str) -> tuple[Parser, str]:
+        """The subcommand parser a dotted key (``profile.nope.layers``) points into, and its rest."""
+        parser, parts = self, key.split(".")
+        while len(parts) > 1 and parts[0] in parser.subparsers:
+            parser = parser.subparsers[parts.pop(0)]
+        return parser, ".".join(parts)
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         parser = getattr(ex, "subcommand_parser", None) or self
+        required = re.match(r"the following arguments are required: (.*)$", str(message))
+        if required:  # name the options as typed, in the subcommand that lacks them
+            names = []
+            for key in (k.strip() for k in required.group(1).split(",")):
+                parser, dest = self._locate(key)
+                action = next((a for a in parser._actions if a.dest == dest), None)
+                names.append(action.option_strings[-1] if action and action.option_strings else dest)
+            message = f"the following arguments are required: {', '.join(names)}"
+        missing = re.match(r'expected "(.+)" to be one of \{(.*)\}, but it was not provided', str(message))
+        if missing:  # a subcommand not given
+            parser = self._locate(missing.group(1))[0]
+            message = f"give one of: {missing.group(2).replace(',', ', ')}"
         prog = parser.prog.replace(" [options]", "")
         invalid = re.match(r"argument (\S+): invalid \w+ value: '(.*)'$", str(message))
         action = invalid and parser._option_string_actions.get(invalid.group(1).split("/")[-1])
@@ -231,6 +251,7 @@ class Parser(jsonargparse.ArgumentParser):
         def add(name: str, **kwargs: Any) -> Parser:
             sub = Parser(prog=f"{self.prog} {name}", description=kwargs.get("description"))
             group.add_subcommand(name, sub, help=kwargs.get("help"))
+            self.subparsers[name] = sub
             return sub
 
         return add
