@@ -226,3 +226,27 @@ def test_gpu_check_records_a_failing_part_and_runs_the_next(capsys, tmp_path, mo
     table = (tmp_path / "out" / "gpu_check.md").read_text()
     assert "| pipeline | FAILED | RuntimeError: pipeline broke / here |" in table
     assert "--- table1 failed:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, line",
+    [
+        (["table1", "--steps", "0"], "repro table1: error: --steps 0: must be > 0"),  # a settings field's range
+        (["table1", "--accelerator", "tpu"], "repro table1: error: --accelerator tpu: allowed 'cpu', 'gpu'"),
+        (["clapping", "--seeds", "1", "-2"], "repro clapping: error: --seeds (item 2) -2: must be >= 0"),
+        (["data", "prepare", "x", "--out", "y", "--val-fraction", "1"], "--val-fraction 1: must be >= 0 and < 1"),
+        (["profile"], "repro profile: error: give one of: phase-off, nope, coverage"),
+        (["profile", "nope", "--config", "c"], "repro profile nope: error: the following arguments are required: "
+         "--profile, --layers, --out"),
+        (["transfer", "--profile", "p", "--target-layers", "x", "--out", "o"], "--target-layers: not a PositiveInt"),
+    ],
+)  # fmt: skip
+def test_every_command_parses_with_one_system_and_refuses_in_one_line(argv, line, capsys):
+    """The commands' options are typed as the configs' fields are (ranges, choices), and a usage error
+    is one line naming the option, the value and what is allowed, in the subcommand that has it."""
+    from repro.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert done.value.code == 2 and len(err) == 1 and line in err[0], err

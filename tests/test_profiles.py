@@ -268,10 +268,6 @@ def test_cli_chain_profile_allocate_transfer_account_fit(tmp_path, data_cache, c
             "must be greater than low",
         ),
         (
-            ["transfer", "--profile", "{three_layer}", "--target-layers", "0", "--out", "t.json"],
-            "--target-layers 0: must be > 0",
-        ),
-        (
             [
                 "allocate",
                 "--config",
