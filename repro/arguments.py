@@ -33,41 +33,33 @@ Probability = restricted_number_type("Probability", float, [(">", 0), ("<=", 1)]
 BelowOne = restricted_number_type("BelowOne", float, [(">=", 0), ("<", 1)])  # a float in [0, 1)
 
 PARSER_KEY = re.compile(r'Parser key "([^"]+)"')  # the key an error is about (nested keys: outermost first)
-RESTRICTED = re.compile(
-    r'Parser key "(\w+)"(?: element (\d+))?: Not of type (\w+): (.*?) does not conform to restriction (.+)$'
-)  # a value outside a range type (PositiveInt, ...)
 RANGE = re.compile(r"Not of type \w+: (.*?) does not conform to restriction (v[^-]*?)(?: - |$)")
-CHOICE = re.compile(
-    r'Parser key "(\w+)"(?: element (\d+))?: Expected a typing\.Literal\[(.*?)\]\. Got value: (.*)$'
-)
-NOT_OF_TYPE = re.compile(r'Parser key "(\w+)"(?: element (\d+))?: Not of type (\w+): (.+)$')
+RULE = re.compile(r"does not conform to restriction (v[^-]*?)(?: - |$)")  # a range type's rule
+CHOICES = re.compile(r"Expected a typing\.Literal\[(.*?)\]")  # a Literal's choices
 
 
 def option_line(message: str) -> str:
     """A command-line parse error naming the option as typed (``--steps 0: must be > 0``), the
     value, and what is allowed; argparse's own errors (a missing option, a bad choice) as they are."""
     text = " ".join(message.split())
-    union = re.match(r'Parser key "(\w+)": Does not validate against any of the Union subtypes', text)
-    if union:  # an optional override (PositiveInt | None, Literal[...] | None)
-        option, value = f"--{union.group(1).replace('_', '-')}", text.rsplit("Given value: ", 1)[-1]
-        rule = re.search(r"does not conform to restriction (v[^-]*?)(?: - |$)", text)
-        literal = re.search(r"Expected a typing\.Literal\[(.*?)\]", text)
-        kind = re.search(r"Not of type (\w+):", text)
-        if rule or literal or kind:
-            reason = f"not a {kind.group(1)}" if kind else ""
-            reason = f"allowed {literal.group(1)}" if literal else reason
-            return f"{option} {value}: " + (must_be(rule.group(1)) if rule else reason)
-    ranged, typed, choice = RESTRICTED.match(text), NOT_OF_TYPE.match(text), CHOICE.match(text)
-    if not (ranged or typed or choice):
+    key = re.match(r'Parser key "(\w+)"(?: element (\d+))?: (.*)$', text)
+    if not key:
         return text
-    name, element = (ranged or typed or choice).group(1, 2)
+    name, element, rest = key.groups()
     option = f"--{name.replace('_', '-')}" + (f" (item {element})" if element else "")
-    if choice:
-        return f"{option} {choice.group(4)}: allowed {choice.group(3)}"
-    if ranged:
-        value, rule = ranged.group(4, 5)
-        return f"{option} {value}: {must_be(rule)}"
-    return f"{option}: not a {typed.group(3)}: {typed.group(4)}"
+    given = re.search(r"(?:Given|Got) value: (.*)$", rest) or RANGE.search(rest)  # union, choice; range
+    rule, choices, kind = (
+        RULE.search(rest),
+        CHOICES.search(rest),
+        re.search(r"Not of type (\w+): (.*)$", rest),
+    )
+    if rule or choices:
+        return f"{option} {given.group(1)}: " + (
+            must_be(rule.group(1)) if rule else f"allowed {choices.group(1)}"
+        )
+    if kind and given:
+        return f"{option} {given.group(1)}: not a {kind.group(1)}"
+    return f"{option}: not a {kind.group(1)}: {kind.group(2)}" if kind else text
 
 
 def one_line(exc: Exception) -> str:
