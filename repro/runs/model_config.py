@@ -85,6 +85,27 @@ class ModelConfig:
             )
         return self.gpt_config(vocab_size=1)
 
+    def attention_shape(self) -> GPTConfig:
+        """The attention shape budgets, allocations and accounting read: the GPT's own
+        (``shape_config``), or a pretrained model's fixed-width heads (layers, query and key/value
+        heads, head width) as a GPTConfig, its coverage written into ``model.rotary``."""
+        if not self.is_pretrained:
+            return self.shape_config()
+        from repro.models.hf_causal_lm import model_folder, read_config
+
+        hf = read_config(model_folder(self.pretrained))
+        n_head = int(hf.num_attention_heads)
+        head_dim = int(getattr(hf, "head_dim", None) or hf.hidden_size // n_head)
+        return GPTConfig(
+            vocab_size=1,
+            block_size=self.block_size,
+            n_layer=int(hf.num_hidden_layers),
+            n_embd=n_head * head_dim,
+            n_head=n_head,
+            n_kv_head=int(getattr(hf, "num_key_value_heads", None) or n_head),
+            attention="mha",
+        )
+
     @property
     def width_field(self) -> str:
         return width_field(self.shape_config().attention)
@@ -124,11 +145,19 @@ class ModelConfig:
             )
 
     def with_widths(self, widths: list[int], logger_name: str | None = None) -> dict[str, Any]:
-        """The YAML document with the per-layer RoPE list replaced (and the run's logger name)."""
+        """The YAML document with the per-layer RoPE list replaced (and the run's logger name); a
+        pretrained model's as ``model.rotary`` (each layer's rotated dims / head width)."""
         widths = [int(w) for w in widths]
-        self.gpt_config(vocab_size=1, **{self.width_field: widths})  # validates the widths against the model
         doc = copy.deepcopy(self.raw)
-        doc["model"]["gpt"][self.width_field] = widths
+        if self.is_pretrained:
+            shape = self.attention_shape()
+            shape.__class__(**{**shape.to_dict(), "rope_dims": widths})  # validates the widths
+            doc["model"]["rotary"] = [w / shape.head_dim for w in widths]
+        else:
+            self.gpt_config(
+                vocab_size=1, **{self.width_field: widths}
+            )  # validates the widths against the model
+            doc["model"]["gpt"][self.width_field] = widths
         logger = doc.get("trainer", {}).get("logger")
         if logger_name and isinstance(logger, dict) and isinstance(logger.get("init_args"), dict):
             logger["init_args"]["name"] = logger_name

@@ -53,6 +53,50 @@ def _runs_args(p: argparse.ArgumentParser, default: str = "<out>.runs/") -> None
     )
 
 
+def _finetune_args(p: argparse.ArgumentParser, what: str) -> None:
+    """A pretrained model's short fine-tune of every rotation before it is evaluated."""
+    g = p.add_argument_group("a pretrained model's fine-tunes (model.pretrained configs)")
+    g.add_argument(
+        "--finetune-steps",
+        type=NonNegativeInt,
+        default=0,
+        help=f"fine-tune {what} this many steps before it is evaluated, through the run engine (runs in "
+        "<out without .json>/, resumable); 0, the default: zero-shot",
+    )
+    g.add_argument(
+        "--finetune-lr", type=PositiveFloat, default=None, help="peak learning rate (default: the config's)"
+    )
+    g.add_argument(
+        "--finetune-batch-size",
+        type=PositiveInt,
+        default=None,
+        help="blocks per fine-tune batch (default: the config's)",
+    )
+    g.add_argument(
+        "--finetune-eval-every",
+        type=PositiveInt,
+        default=None,
+        help="validate every this many fine-tune steps (the loss against steps; default: at the end only)",
+    )
+    g.add_argument(
+        "--finetune-config",
+        type=Path,
+        default=None,
+        help="the repro fit YAML the fine-tunes train on (same model.pretrained; e.g. a shorter context than "
+        "the evaluation's; default: --config)",
+    )
+
+
+def _pair_order_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--pair-order",
+        type=Path,
+        default=None,
+        help="a pretrained model: which rotary pairs a layer keeps, per key/value head (a file of repro profile "
+        "pair-order: MHA2MLA's q.k 2-norm order); default: the highest frequencies (p-RoPE order)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="repro",
@@ -159,6 +203,53 @@ def build_parser() -> argparse.ArgumentParser:
         help="blocks per fine-tune batch (default: the config's)",
     )
 
+    alloc = psub(
+        "allocations",
+        help="a pretrained model: test budgeted coverage allocations (repro allocate) zero-shot or fine-tuned",
+        description="Every allocation of each --allocation file (one per budget; repro allocate on the model's "
+        "config) becomes a rotation (each layer keeps its allocated share of its rotary pairs); its test loss, "
+        "zero-shot or after a short fine-tune of each, paired over the test chunks against the reference "
+        "allocation of the same budget (95%% CIs), beside full RoPE.",
+    )
+    alloc.add_argument(
+        "--config", required=True, type=Path, help="the repro fit YAML naming model.pretrained"
+    )
+    alloc.add_argument(
+        "--allocation", required=True, type=Path, nargs="+", help="allocation JSON files of repro allocate"
+    )
+    alloc.add_argument(
+        "--reference", default="uniform", help="the allocation every row is paired against (default uniform)"
+    )
+    alloc.add_argument(
+        "--seeds", type=NonNegativeInt, nargs="+", default=[0], help="fine-tune seeds (data order; default 0)"
+    )
+    alloc.add_argument("--plan", action="store_true", help="with --finetune-steps: print the cost and exit")
+    alloc.add_argument(
+        "--step-time",
+        type=PositiveFloat,
+        default=None,
+        help="--plan: one GPU's seconds per step of the config",
+    )
+    alloc.add_argument(
+        "--accelerator", default="cpu", help="--plan: the device the plan measures a step on (cpu, gpu)"
+    )
+    alloc.add_argument("--out", required=True, type=Path, help="output JSON (and a .md table beside it)")
+    _finetune_args(alloc, "every allocation (and full RoPE)")
+    _pair_order_arg(alloc)
+
+    order = psub(
+        "pair-order",
+        help="a pretrained model: its rotary pairs ranked per key/value head by q.k contribution (MHA2MLA)",
+        description="MHA2MLA's 2-norm selection: per layer and key/value head, the rotary pairs by decreasing "
+        "mean ||q_i|| (over the query heads reading it) x mean ||k_i|| on blocks of the config's training text. "
+        "--pair-order (profile coverage|allocations, convert-mla) reads the file.",
+    )
+    order.add_argument(
+        "--config", required=True, type=Path, help="the repro fit YAML naming model.pretrained"
+    )
+    order.add_argument("--blocks", type=PositiveInt, default=32, help="calibration blocks (default 32)")
+    order.add_argument("--out", required=True, type=Path, help="output JSON")
+
     cov = psub(
         "coverage",
         help="coverage-benefit profile: base run (all low) and one upgrade run per layer",
@@ -199,6 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cov.add_fields(CoverageProfileSettings, "seeds", "last_n", "group_size", "group_spread")
     cov.add_argument("--out", required=True, type=Path, help="output profile JSON")
+    _finetune_args(cov, "the base and every upgrade (the 'early' profile of a pretrained model)")
+    _pair_order_arg(cov)
     _levels_args(cov)
     _runs_args(cov)
     add_scale_args(cov, "the config's model", "the profile")
@@ -305,7 +398,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="KV-cache, RoPE and attention cost per token of a model or allocation",
         description="Analytical resource accounting per token and per layer (PROTOCOL.md §R6).",
     )
-    ac.add_argument("--config", required=True, type=Path, help="the repro fit YAML of the model")
+    which = ac.add_mutually_exclusive_group(required=True)
+    which.add_argument(
+        "--config", type=Path, help="the repro fit YAML of the model (a GPT or model.pretrained)"
+    )
+    which.add_argument(
+        "--pretrained",
+        default=None,
+        help="a pretrained or converted model (a folder, .gguf, package or hub id): what a token caches",
+    )
     ac.add_argument(
         "--allocation",
         type=Path,
@@ -316,7 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--context",
         type=PositiveInt,
         default=None,
-        help="context length T for attention FLOPs (default: block size)",
+        help="context length T for attention FLOPs (default: the config's block size; --pretrained alone: "
+        "the model's max_position_embeddings)",
     )
     ac.add_argument(
         "--bytes-per-elem", type=PositiveInt, default=2, help="bytes per cached element (default 2, bf16)"

@@ -22,6 +22,7 @@ from repro.alloc.analysis import (
 )
 from repro.alloc.budget import default_levels, num_high_layers
 from repro.alloc.fidelity import coverage_fidelity, format_fidelity
+from repro.alloc.pretrained_accounting import account_pretrained
 from repro.alloc.profile import LayerProfile
 from repro.alloc.transfer import transfer_profile
 from repro.arguments import flat
@@ -64,7 +65,7 @@ def main(argv: list[str]) -> int:
 # ---------------------------------------------------------------------------------------------- handlers
 def _allocate(args) -> None:
     config = load_model_config(args.config)
-    shape = config.shape_config()
+    shape = config.attention_shape()
     levels = levels_of(args, shape)
     benefit = LayerProfile.load(args.benefit) if args.benefit else None
     transferred = LayerProfile.load(args.transferred) if args.transferred else None
@@ -143,7 +144,11 @@ def _transfer(args) -> None:
 
 
 def _account(args) -> None:
-    shape = load_model_config(args.config).shape_config()
+    config = load_model_config(args.config) if args.config else None
+    if args.pretrained or (config is not None and config.is_pretrained):
+        _account_pretrained(args, config)
+        return
+    shape = config.shape_config()
     if args.allocation:
         data = read_json(args.allocation, "allocation file")
         if "allocations" not in data:
@@ -171,6 +176,40 @@ def _account(args) -> None:
             )
     else:
         rows = [{"method": "config", **account_model(shape, args.context, args.bytes_per_elem)}]
+    _print_accounts(rows)
+    if args.out:
+        write_json_atomic(args.out, {"config": str(args.config), "rows": rows})
+
+
+def _account_pretrained(args, config) -> None:
+    """A pretrained or converted model's costs (from its folder), or each allocation's coverage of a
+    pretrained fixed-width model (``--allocation``: its rotated dims per layer)."""
+    location = args.pretrained or config.pretrained
+    context = args.context or (
+        config.block_size if config is not None and "block_size" in config.data else None
+    )
+    rows = []
+    if args.allocation:
+        shape = config.attention_shape() if config is not None else None
+        if shape is None:
+            raise ValueError("--allocation: give --config (the pretrained model's repro fit YAML)")
+        for a in read_json(args.allocation, "allocation file").get("allocations", []):
+            fractions = [w / shape.head_dim for w in a["widths"]]
+            rows.append(
+                {
+                    "method": a["method"],
+                    "draw": a.get("record", {}).get("draw"),
+                    **account_pretrained(location, context, args.bytes_per_elem, fractions),
+                }
+            )
+    else:
+        rows = [{"method": "model", **account_pretrained(location, context, args.bytes_per_elem)}]
+    _print_accounts(rows)
+    if args.out:
+        write_json_atomic(args.out, {"pretrained": str(location), "rows": rows})
+
+
+def _print_accounts(rows: list[dict[str, Any]]) -> None:
     print(
         f"{'method':<14}{'KV elems/token':>16}{'KV bytes/token':>16}{'RoPE FLOPs':>12}"
         f"{'attn FLOPs':>14}{'rotary params':>15}"
@@ -181,8 +220,6 @@ def _account(args) -> None:
             f"{r['method']:<14}{t['kv_cache_elements']:>16,}{t['kv_cache_bytes']:>16,}{t['rope_flops']:>12,}"
             f"{t['attention_flops']:>14,}{t['rotary_parameters']:>15,}"
         )
-    if args.out:
-        write_json_atomic(args.out, {"config": str(args.config), "rows": rows})
 
 
 def _analyze(args) -> None:

@@ -13,6 +13,7 @@ from repro.alloc.analysis import (
     interaction_terms,
 )
 from repro.alloc.budget import levels_for, num_high_layers
+from repro.alloc.calibration import pair_order_file
 from repro.alloc.coverage_profile import (
     CoverageProfileSettings,
     coverage_benefit_profile,
@@ -23,6 +24,13 @@ from repro.alloc.coverage_profile import (
 )
 from repro.alloc.fidelity import coverage_fidelity, format_fidelity, phase_off_fidelity
 from repro.alloc.phase_off_profile import measure_phase_off_profile, reference_spec, train_reference
+from repro.alloc.pretrained_allocations import (
+    FULL,
+    allocation_rotations,
+    allocations_markdown,
+    evaluate_allocations,
+)
+from repro.alloc.pretrained_coverage import pretrained_coverage_profile
 from repro.alloc.pretrained_nope import (
     FinetuneGrid,
     finetune_specs,
@@ -31,9 +39,11 @@ from repro.alloc.pretrained_nope import (
     zero_shot_nope,
 )
 from repro.alloc.pretrained_profile import measure_pretrained_profile, pretrained_config
+from repro.alloc.pretrained_rotations import Finetune, finetune_overrides
+from repro.alloc.pretrained_rotations import finetune_specs as rotation_specs
 from repro.alloc.profile import LayerProfile
 from repro.experiments.kit.compute_plan import planned_runs, print_plan
-from repro.files import write_json_atomic, write_text_atomic
+from repro.files import read_json, write_json_atomic, write_text_atomic
 from repro.runs.model_config import load_model_config
 from repro.runs.pool import count_progress
 from repro.runs.shards import Shard
@@ -50,6 +60,14 @@ def runs_dir_of(args) -> Path:
 def profile_command(args) -> None:
     if args.profile_kind == "nope":
         _zero_shot_nope(args)
+        return
+    if args.profile_kind == "allocations":
+        _allocations(args)
+        return
+    if args.profile_kind == "pair-order":
+        doc = pair_order_file(args.config, args.blocks, args.out)
+        print(f"wrote {args.out}: the rotary pairs of {doc['model']['n_layer']} layers x "
+              f"{doc['model']['kv_heads']} key/value heads ranked on {doc['blocks']} blocks")  # fmt: skip
         return
     if args.profile_kind == "phase-off" and pretrained_config(args.config) is not None:
         if args.ref_steps is not None:
@@ -73,6 +91,9 @@ def profile_command(args) -> None:
         raise ValueError(
             "repro profile phase-off: give --ckpt-path or --ref-steps (or a config with model.pretrained)"
         )
+    if args.profile_kind == "coverage" and pretrained_config(args.config) is not None:
+        _pretrained_coverage(args)
+        return
     config = load_model_config(args.config)
     shape = config.shape_config()
     if args.profile_kind == "fidelity":
@@ -156,6 +177,81 @@ def profile_command(args) -> None:
                 f"layers {t['layers']}: pair {t['pair_benefit']:+.4f}  additive {t['additive']:+.4f}  "
                 f"interaction {t['interaction']:+.4f}"
             )
+
+
+def finetune_of(args, runs: Path, seeds) -> Finetune | None:
+    """The fine-tune the pretrained-model commands ask for (None: zero-shot)."""
+    if not args.finetune_steps:
+        return None
+    return Finetune(
+        config=str(args.finetune_config or args.config),
+        steps=args.finetune_steps,
+        folder=runs,
+        seeds=tuple(seeds),
+        overrides=finetune_overrides(args.finetune_steps, args.finetune_lr, args.finetune_batch_size),
+        eval_every=args.finetune_eval_every,
+    )
+
+
+def _pretrained_coverage(args) -> None:
+    """The coverage-benefit profile of a pretrained model, zero-shot or after a short fine-tune."""
+    config = load_model_config(args.config)
+    levels = levels_of(args, config.attention_shape())
+    finetune = finetune_of(args, args.out.with_suffix(""), args.seeds)
+    how = "zero-shot" if finetune is None else f"after {finetune.steps} fine-tune steps of each rotation"
+    print(
+        f"[coverage] {config.pretrained}: every layer at coverage {levels.low:g}, one at {levels.high:g}, {how}",
+        file=sys.stderr,
+    )
+    started = time.perf_counter()
+    profile = pretrained_coverage_profile(
+        args.config,
+        levels,
+        finetune,
+        args.pair_order,
+        progress=count_progress("coverage", "evaluations of the validation batches"),
+    )
+    profile.meta["command_wall_s"] = time.perf_counter() - started
+    profile.save(args.out)
+    print_profile(profile)
+
+
+def _allocations(args) -> None:
+    """Budgeted coverage allocations of a pretrained model, zero-shot or after a fine-tune of each."""
+    if pretrained_config(args.config) is None:
+        raise ValueError(
+            f"repro profile allocations: --config {str(args.config)!r} names no model.pretrained"
+        )
+    docs = [read_json(path, "allocation file") for path in args.allocation]
+    for path, doc in zip(args.allocation, docs):
+        if not isinstance(doc, dict) or "allocations" not in doc or "levels" not in doc:
+            raise ValueError(f"--allocation {str(path)!r}: not a file of repro allocate")
+    finetune = finetune_of(args, args.out.with_suffix(""), args.seeds)
+    if args.plan:
+        if finetune is None:
+            raise ValueError("--plan: only with --finetune-steps (the zero-shot test trains nothing)")
+        n_layer = len(docs[0]["allocations"][0]["widths"])
+        head_dim = load_model_config(args.config).attention_shape().head_dim
+        rotations, _ = allocation_rotations(docs, head_dim)
+        specs = rotation_specs(finetune, {FULL: {}} | rotations, n_layer, args.pair_order)
+        runs = planned_runs(list(specs.values()), 1)
+        print_plan("allocation fine-tunes", runs, str(args.config), args.accelerator, args.step_time)
+        return
+    started = time.perf_counter()
+    result = evaluate_allocations(
+        args.config,
+        docs,
+        args.reference,
+        finetune,
+        None if args.pair_order is None else str(args.pair_order),
+        progress=count_progress("allocations", "evaluations of the test batches"),
+    )
+    result["command_wall_s"] = time.perf_counter() - started
+    result["allocation_files"] = [str(p) for p in args.allocation]
+    write_json_atomic(args.out, result)
+    table = allocations_markdown(result)
+    write_text_atomic(args.out.with_suffix(".md"), table)
+    print(table)
 
 
 def _fidelity(args, config, shape) -> None:

