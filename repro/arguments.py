@@ -226,6 +226,7 @@ class Parser(jsonargparse.ArgumentParser):
                 kwargs["action"] = "store_true"
             elif typing.get_origin(hint) in (tuple, list):
                 kwargs.update(type=typing.get_args(hint)[0], nargs="+")
+                default = list(default) if isinstance(default, tuple) else default  # checked in place
             else:
                 kwargs["type"] = hint if defaults else hint | None
             if default is dataclasses.MISSING and defaults:

@@ -36,6 +36,10 @@ COMMANDS = {
     ),
     "table1": ("repro.experiments.table1.run", "make reproduce-table1: the whole Table 1 pipeline"),
     "clapping": ("repro.experiments.clapping.run", "make reproduce-clapping: the Clapping grid"),
+    "mla-plane": (
+        "repro.experiments.mla_plane.run",
+        "a pretrained model converted to MLA at KV budgets: profiled vs MHA2MLA's uniform",
+    ),
     "bench": ("repro.experiments.bench.run", "make bench: speed, communication and memory"),
     "gpu-check": ("repro.gpu_check", "make gpu-check: the one GPU acceptance run (a table)"),
 }

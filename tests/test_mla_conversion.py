@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 from repro.models.hf_causal_lm import HFCausalLM
 
-VOCAB = 97
+VOCAB = 320
 SOURCES = {
     "gqa-untied": lambda: LlamaConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
@@ -203,3 +203,168 @@ def test_the_pair_order_path_equals_the_frequency_path_for_the_frequency_order(s
     assert (by_hooks - by_cos).abs().max() < TOLERANCE
     assert (other - by_cos).abs().max() > 1e-3
     assert torch.equal(again, base)
+
+
+@pytest.fixture(scope="module")
+def hf_config(sources, corpus, tmp_path_factory):
+    """A repro fit YAML on the GQA source, with a tokenizer of the test corpus beside its weights."""
+    import yaml
+
+    from repro.data.tokenizer import FileTokenizer
+
+    root = tmp_path_factory.mktemp("mla-config")
+    texts = [p.read_text() for p in sorted(corpus.glob("*.txt"))]
+    FileTokenizer.train_bpe(texts, 300).save(sources["gqa-untied"] / "tokenizer.json")
+    config = {
+        "model": {"pretrained": str(sources["gqa-untied"]), "optim": {"lr": 0.01, "warmup_steps": 1}},
+        "data": {
+            "corpus": "text_files", "text_files": [str(corpus / "*.txt")], "block_size": 16, "batch_size": 4,
+            "max_val_blocks": 12, "val_fraction": 0.2, "cache_dir": str(root / "cache"),
+        },
+        "trainer": {"accelerator": "cpu", "logger": False, "enable_progress_bar": False},
+    }  # fmt: skip
+    (root / "hf.yaml").write_text(yaml.safe_dump(config))
+    return root / "hf.yaml"
+
+
+def test_the_rope_tools_on_a_pretrained_model_pair_order_coverage_profile_and_allocations(
+    hf_config, tmp_path
+):
+    """The pair order ranks each head's pairs by their q.k norms; the coverage-benefit profile is the
+    base loss minus each upgrade's, measured again here by hand; repro allocate reads it and repro
+    profile allocations tests its allocations paired against uniform, zero-shot and fine-tuned (each
+    run trained with its rotation and pair order)."""
+    from repro.alloc.pretrained_profile import chunk_losses, pretrained_model_and_data, token_mean
+    from repro.alloc.profile import LayerProfile
+
+    cfg = str(hf_config)
+    repro("profile", "pair-order", "--config", cfg, "--blocks", "4", "--out", str(tmp_path / "order.json"))
+    order = json.loads((tmp_path / "order.json").read_text())
+    assert [len(layer) for layer in order["order"]] == [2, 2, 2]
+    for layer, scores in zip(order["order"], order["scores"]):
+        for pairs, s in zip(layer, scores):
+            assert sorted(pairs) == list(range(8)) and s[pairs[0]] == max(s) and s[pairs[-1]] == min(s)
+
+    repro(
+        "profile",
+        "coverage",
+        "--config",
+        cfg,
+        "--high",
+        "1.0",
+        "--low",
+        "0.25",
+        "--out",
+        str(tmp_path / "c.json"),
+    )
+    profile = LayerProfile.load(tmp_path / "c.json")
+    assert profile.kind == "coverage_benefit" and profile.meta["finetune"] is None
+    model, data = pretrained_model_and_data(cfg)
+    batches = list(data.val_dataloader())
+    model.eval()
+
+    def loss(rotation):
+        model.set_rotary(rotation)
+        return token_mean(chunk_losses(model, batches))
+
+    base = loss(dict.fromkeys(range(3), 0.25))
+    for layer in range(3):
+        upgraded = loss({**dict.fromkeys(range(3), 0.25), layer: 1.0})
+        assert profile.values[layer] == pytest.approx(base - upgraded, abs=1e-6)
+        low, high = profile.meta["ci95"][layer]
+        assert low <= profile.values[layer] <= high or low == high
+
+    repro("allocate", "--config", cfg, "--benefit", str(tmp_path / "c.json"), "--high", "1.0", "--low", "0.25",
+          "--budget", "0.5", "--draws", "1", "--out", str(tmp_path / "alloc.json"))  # fmt: skip
+    repro("profile", "allocations", "--config", cfg, "--allocation", str(tmp_path / "alloc.json"),
+          "--out", str(tmp_path / "zs.json"))  # fmt: skip
+    result = json.loads((tmp_path / "zs.json").read_text())
+    rows = {r["method"]: r for r in result["rows"]}
+    best = max(range(3), key=profile.values.__getitem__)
+    assert rows["profiled"]["high_layers"] == [best] and rows["profiled"]["pairs_per_layer"][best] == 8
+    assert rows["uniform"]["pairs_per_layer"] == [4, 4, 4] and rows["uniform"]["delta_vs_reference"] is None
+    assert rows["all-high"]["increase_over_full_rope"] == pytest.approx(
+        0.0, abs=1e-6
+    )  # every pair: the model
+    assert rows["profiled"]["delta_vs_reference"] == pytest.approx(
+        rows["profiled"]["loss"] - rows["uniform"]["loss"], abs=1e-6
+    )
+    assert (tmp_path / "zs.md").read_text().count("\n| 0.5 |") == len(rows)
+
+    repro("allocate", "--config", cfg, "--benefit", str(tmp_path / "c.json"), "--high", "1.0", "--low", "0.25",
+          "--budget", "0.5", "--method", "profiled", "uniform", "--out", str(tmp_path / "two.json"))  # fmt: skip
+    repro("profile", "allocations", "--config", cfg, "--allocation", str(tmp_path / "two.json"),
+          "--finetune-steps", "2", "--pair-order", str(tmp_path / "order.json"),
+          "--out", str(tmp_path / "ft.json"))  # fmt: skip
+    tuned = json.loads((tmp_path / "ft.json").read_text())
+    runs = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "ft").glob("*.json")}
+    assert sorted(runs) == ["B0.5-profiled-s0", "B0.5-uniform-s0", "full-RoPE-s0"]
+    assert runs["B0.5-uniform-s0"]["overrides"]["model.rotary"] == [0.5] * 3
+    assert runs["B0.5-uniform-s0"]["overrides"]["model.rotary_order"] == str(tmp_path / "order.json")
+    assert "model.rotary" not in runs["full-RoPE-s0"]["overrides"] and all(
+        r["global_step"] == 2 for r in runs.values()
+    )
+    assert tuned["finetune"]["steps"] == 2 and len(tuned["rows"]) == 2
+    assert all(len(r["curves"][0]) >= 1 for r in tuned["rows"])  # the loss against fine-tuning steps
+
+
+def test_repro_mla_plane_allocates_each_budget_per_layer_and_resumes(hf_config, tmp_path, capsys):
+    """Two budgets of the GQA source: every row of a budget caches the same elements (the per-layer
+    allocations keep the main split's means), the profiled row gives its high levels to the profiles'
+    top layers, the table's differences are the paired losses, the fine-tuned rows train from their
+    converted folders; a second run trains and converts nothing again."""
+    import yaml
+
+    long = tmp_path / "hf32.yaml"
+    doc = yaml.safe_load(hf_config.read_text())
+    doc["data"].update(block_size=32, batch_size=2, max_val_blocks=6)
+    long.write_text(yaml.safe_dump(doc))
+    settings = {
+        "scale": "real", "config": str(hf_config), "finetune_config": str(hf_config), "contexts": [str(long)],
+        "budgets": [0.5, 0.25], "splits": [[4, 2], [2]], "calibration_blocks": 4,
+        "rows": ["uniform (weights)", "uniform", "uniform (2-norm)", "uniform (split)", "profiled", "inverse"],
+        "finetune_methods": ["uniform"], "finetune_steps": 2, "finetune_eval_every": 1, "finetune_batch_size": 2,
+        "out": str(tmp_path / "plane"),
+    }  # fmt: skip
+    (tmp_path / "plane.yaml").write_text(yaml.safe_dump(settings))
+    repro("mla-plane", "--settings", str(tmp_path / "plane.yaml"))
+    table = json.loads((tmp_path / "plane" / "mla_plane.json").read_text())
+    rows = {r["name"]: r for r in table["rows"]}
+    source = rows["source (unconverted)"]
+    assert source["kv_elements_per_token"] == 3 * 2 * 2 * 16 and source["budget"] == 1.0
+    for budget in (0.5, 0.25):
+        these = [r for r in table["rows"] if r["budget"] == budget]
+        assert {r["kv_elements_per_token"] for r in these} == {budget * source["kv_elements_per_token"]}
+        kinds = {"uniform (weights)", "uniform", "uniform (2-norm)", "profiled", "inverse"}
+        assert {r["method"] for r in these} == kinds | ({"uniform (split)"} if budget == 0.5 else set())
+    profiled = rows["B0.5 profiled N4 R16"]
+    coverage = table["profiles"]["0.5"]["coverage"]["values"]
+    rank = table["profiles"]["0.5"]["rank"]["values"]
+    top = max(range(3), key=coverage.__getitem__)
+    assert profiled["pairs_per_layer"] == [8 if i == top else 2 for i in range(3)]
+    assert profiled["ranks_per_layer"] == [
+        32 if i == max(range(3), key=rank.__getitem__) else 8 for i in range(3)
+    ]
+    uniform = rows["B0.5 uniform N4 R16"]
+    versus = profiled["zero_shot_vs_uniform@hf"]
+    assert versus["delta"] == pytest.approx(
+        profiled["zero_shot_loss@hf"] - uniform["zero_shot_loss@hf"], abs=1e-6
+    )
+    assert (
+        uniform["attention_flops_per_token@hf32"] == 2 * uniform["attention_flops_per_token@hf"]
+    )  # linear in T
+    assert (
+        uniform["finetuned_loss"]
+        and uniform["finetuned_vs_source"]["ci95"][0] <= uniform["finetuned_vs_source"]["mean_chunk_delta"]
+    )
+    assert [step for step, _ in uniform["finetune_curves"][0]] == [1, 2]  # the loss against fine-tuning steps
+    run = json.loads(next((tmp_path / "plane" / "runs").glob("uniform-N4-*-s0.json")).read_text())
+    assert run["overrides"]["model.pretrained"].startswith(str(tmp_path / "plane" / "models"))
+    assert any(r["pareto_zero_shot"] for r in table["rows"])
+    stamp = {
+        p: p.stat().st_mtime for p in (tmp_path / "plane").rglob("*") if p.suffix in (".ckpt", ".safetensors")
+    }
+    capsys.readouterr()
+    repro("mla-plane", "--settings", str(tmp_path / "plane.yaml"))
+    assert "rows converted" in capsys.readouterr().err
+    assert stamp == {p: p.stat().st_mtime for p in stamp}  # nothing converted or trained again

@@ -116,3 +116,42 @@ def pretrained_coverage_profile(
         },
         meta=meta,
     )
+
+
+def coverage_probe(
+    config_path: str | os.PathLike,
+    levels: BudgetLevels,
+    upgrades: int = 3,
+    target: float = 0.01,
+    progress=None,
+) -> dict[str, Any]:
+    """The noise of a coverage profile before it is measured: the base and ``upgrades`` evenly spaced
+    upgrades on every validation chunk there is (max_val_blocks aside), the per-chunk std of each paired difference,
+    and the chunks a 95 % CI of half-width ``target`` nats needs (the largest std decides)."""
+    import statistics
+
+    from scipy import stats
+
+    check_coverage_levels(levels)
+    model, datamodule = pretrained_model_and_data(config_path, all_validation=True)
+    everything = coverage_rotations(model.n_layer, levels.low, levels.high)
+    layers = sorted({round(i * (model.n_layer - 1) / max(1, upgrades - 1)) for i in range(upgrades)})
+    rotations = {BASE: everything[BASE]} | {f"layer {i} high": everything[f"layer {i} high"] for i in layers}
+    losses = zero_shot_losses(model, list(datamodule.val_dataloader()), rotations, None, progress)
+    n = len(losses[BASE])
+    sds = {}
+    for name in rotations:
+        if name != BASE:
+            sds[name] = statistics.stdev([b - u for (b, _), (u, _) in zip(losses[BASE], losses[name])])
+    worst = max(sds.values())
+    needed = next(k for k in range(2, 10_000) if stats.t.ppf(0.975, k - 1) * worst / k**0.5 <= target)
+    return {
+        "config": str(config_path),
+        "context": int(datamodule.block_size),
+        "chunks": n,
+        "levels": levels.to_dict(),
+        "paired_std": sds,
+        "benefit": {name: token_mean(losses[BASE]) - token_mean(losses[name]) for name in sds},
+        "target": target,
+        "chunks_needed": needed,
+    }

@@ -120,15 +120,18 @@ def pretrained_model_and_data(
     config_path: str | os.PathLike,
     cache_dir: str | None = None,
     checkpoint: str | os.PathLike | None = None,
+    pretrained: str | os.PathLike | None = None,
+    all_validation: bool = False,
 ) -> tuple[HFCausalLM, TextDataModule]:
-    """The config's pretrained model (or ``checkpoint``'s fine-tune of it), materialized, and its
-    data module tokenized with the model's tokenizer (set up for validation and test)."""
+    """The config's pretrained model (or ``pretrained`` instead, e.g. a conversion of it; or
+    ``checkpoint``'s fine-tune), materialized, and its data module tokenized with the model's
+    tokenizer (set up for validation and test; ``all_validation``: every block, not max_val_blocks)."""
     doc = pretrained_config(config_path)
     if doc is None:
         raise ValueError(f"config file {str(config_path)!r} names no model.pretrained")
     base = Path(config_path).resolve().parent
     spec = doc["model"]
-    location = _resolve(str(spec["pretrained"]), base)
+    location = str(pretrained) if pretrained is not None else _resolve(str(spec["pretrained"]), base)
     attention, tie = spec.get("attention", "sdpa"), spec.get("tie_embeddings", "auto")
     state = None
     if checkpoint is not None:  # the fine-tune's weights, tied or untied as it was trained
@@ -152,6 +155,8 @@ def pretrained_model_and_data(
     data["tokenizer_file"] = str(model.folder)
     if cache_dir:
         data["cache_dir"] = cache_dir
+    if all_validation:
+        data["max_val_blocks"] = None
     datamodule = TextDataModule(**data)
     datamodule.setup("validate")
     datamodule.setup("test")

@@ -14,12 +14,12 @@ from typing import Any, Literal
 
 from repro.files import read_json, write_json_atomic
 
-PROFILE_KINDS = ("phase_off", "coverage_benefit", "transferred")
+PROFILE_KINDS = ("phase_off", "coverage_benefit", "transferred", "rank_benefit")
 
 
 @dataclass
 class LayerProfile:
-    kind: Literal["phase_off", "coverage_benefit", "transferred"]  # what was measured
+    kind: Literal["phase_off", "coverage_benefit", "transferred", "rank_benefit"]  # what was measured
     values: list[float]  # per-layer value (mean over seeds); larger = the layer needs position more
     std: list[float] | None = None  # per-layer std across seeds (None when there is one seed)
     per_seed: dict[str, list[float]] = field(default_factory=dict)  # seed -> per-layer values

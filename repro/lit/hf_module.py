@@ -36,6 +36,8 @@ class HFCausalLMModule(GPTLightningModule):
         compile: ``torch.compile`` each part: false, true (inductor) or a backend name.
         rotary: Per layer, the fraction of its rotary pairs that keep their phase (its highest
             frequencies; 1.0 as trained, 0.0 none: NoPE); null: every layer as trained. Llama family.
+        rotary_order: With rotary: which pairs each key/value head keeps, a file of ``repro profile
+            pair-order`` (MHA2MLA's q.k 2-norm order); null: the highest frequencies.
     """
 
     def __init__(
@@ -48,6 +50,7 @@ class HFCausalLMModule(GPTLightningModule):
         nonfinite_check: Literal["auto", "every_step", "deferred"] = "auto",
         compile: bool | str = False,
         rotary: list[float] | None = None,
+        rotary_order: str | None = None,
     ) -> None:
         L.LightningModule.__init__(self)
         self._training_options(nonfinite, nonfinite_check, compile)
@@ -58,8 +61,12 @@ class HFCausalLMModule(GPTLightningModule):
             self.model = HFCausalLM(pretrained, attention, tie_embeddings)
         except HFModelError as exc:
             raise ValueError(str(exc)) from None
+        if rotary_order is not None and rotary is None:
+            raise ValueError(
+                "model.rotary_order: give model.rotary too (the fraction of pairs each layer keeps)"
+            )
         if rotary is not None:
-            self._set_rotary(list(rotary))
+            self._set_rotary(list(rotary), rotary_order)
         self.save_hyperparameters(
             {
                 "pretrained": str(pretrained),
@@ -67,11 +74,12 @@ class HFCausalLMModule(GPTLightningModule):
                 "tie_embeddings": tie_embeddings,
                 "optim": asdict(self.optim_config),
                 "rotary": None if rotary is None else [float(f) for f in rotary],
+                "rotary_order": None if rotary_order is None else str(rotary_order),
             }
         )
         self.eval_loss, self.eval_ppl = MeanMetric(), MeanExp()
 
-    def _set_rotary(self, rotary: list[float]) -> None:
+    def _set_rotary(self, rotary: list[float], order: str | None = None) -> None:
         n = self.model.n_layer
         if len(rotary) != n or any(isinstance(f, bool) or not 0.0 <= float(f) <= 1.0 for f in rotary):
             raise ValueError(
@@ -79,7 +87,10 @@ class HFCausalLMModule(GPTLightningModule):
             )
         if self.model.family == "gpt2":
             raise ValueError("model.rotary: GPT-2 has no rotary phase (learned positions)")
-        self.model.set_rotary(dict(enumerate(float(f) for f in rotary)))
+        try:
+            self.model.set_rotary(dict(enumerate(float(f) for f in rotary)), order)
+        except HFModelError as exc:
+            raise ValueError(f"model.rotary_order: {exc}") from None
 
     @property
     def gpt_config(self):  # the GPT module's checks read it; an HF model has none

@@ -102,12 +102,13 @@ class LatentKVAttention(nn.Module):
         self.kv_a_proj = nn.Linear(config.hidden_size, self.rank, bias=False)
         self.kv_b_proj = nn.Linear(self.rank, n_kv * (2 * d - 2 * n), bias=qkv_bias)
         self.o_proj = nn.Linear(n_h * d, config.hidden_size, bias=config.attention_bias)
+        self.active_rank: int | None = None  # run with only the first r latent components (the SVD's top r)
         self._index: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @property
     def cache_elements(self) -> int:
         """Elements a token caches in this layer: the latent and the rotary keys."""
-        return self.rank + self.num_kv_heads * 2 * self.n_pairs
+        return (self.active_rank or self.rank) + self.num_kv_heads * 2 * self.n_pairs
 
     def dims(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Per key/value head, the head dims of its rotary key (pairs P then P + d/2) and the others."""
@@ -140,7 +141,8 @@ class LatentKVAttention(nn.Module):
         q_rope_dims = rope.repeat_interleave(group, dim=0)  # query head j reads kv head j // group
         q_nope_dims = nope.repeat_interleave(group, dim=0)
         q_nope = q.gather(-1, q_nope_dims.expand(b, t, -1, -1))
-        latent = self.kv_a_proj(hidden_states)  # (b, t, R)
+        r = self.active_rank or self.rank
+        latent = nn.functional.linear(hidden_states, self.kv_a_proj.weight[:r])  # (b, t, R)
         if n:
             cos, sin = position_embeddings  # (b or 1, t, d): the model's own frequencies
             cos_k, sin_k = cos[:, :, rope], sin[:, :, rope]  # (b, t, n_kv, 2n)
@@ -156,7 +158,8 @@ class LatentKVAttention(nn.Module):
         if cache is not None:  # the cache holds what this layer stores per token: k_rope and the latent
             k_rope, latent = cache.update(k_rope, latent, self.layer_idx)
         s = latent.shape[2]
-        kv = self.kv_b_proj(latent[:, 0]).view(b, s, n_kv, 2 * d - 2 * n)
+        kv = nn.functional.linear(latent[:, 0], self.kv_b_proj.weight[:, :r], self.kv_b_proj.bias)
+        kv = kv.view(b, s, n_kv, 2 * d - 2 * n)
         k_nope, value = kv.split([d - 2 * n, d], dim=-1)
         key = torch.cat((k_rope, k_nope.transpose(1, 2)), dim=-1)  # (b, n_kv, s, d), rotary dims first
         attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
@@ -189,6 +192,16 @@ class LlamaMLAForCausalLM(LlamaForCausalLM):
     def cache_elements_per_token(self) -> list[int]:
         """Per layer, the elements a token caches (latent + rotary keys)."""
         return [layer.self_attn.cache_elements for layer in self.model.layers]
+
+    def set_active_ranks(self, ranks: dict[int, int] | None) -> None:
+        """Run layer i with only the first ``ranks[i]`` latent components: exactly the conversion at
+        that rank (the factorization's components come in order, largest first); None: all."""
+        for i, layer in enumerate(self.model.layers):
+            attn = layer.self_attn
+            r = None if not ranks or i not in ranks else int(ranks[i])
+            if r is not None and not 1 <= r <= attn.rank:
+                raise ValueError(f"layer {i}: active rank {r} outside 1..{attn.rank}")
+            attn.active_rank = r
 
 
 AutoConfig.register(MODEL_TYPE, LlamaMLAConfig, exist_ok=True)

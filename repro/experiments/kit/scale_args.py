@@ -14,12 +14,14 @@ from repro.arguments import PositiveFloat, PositiveInt
 DEFAULT_SCALE = "cpu"  # the scale an experiment runs without --scale or --settings
 
 
-def add_settings_args(parser: argparse.ArgumentParser, experiment: str, scales: Sequence[str]) -> None:
+def add_settings_args(
+    parser: argparse.ArgumentParser, experiment: str, scales: Sequence[str], default: str = DEFAULT_SCALE
+) -> None:
     parser.add_argument(
         "--scale",
         default=None,
         choices=scales,
-        help=f"which shipped settings: paper_configs/experiments/{experiment}/<scale>.yaml (default {DEFAULT_SCALE})",
+        help=f"which shipped settings: paper_configs/experiments/{experiment}/<scale>.yaml (default {default})",
     )
     parser.add_argument(
         "--settings",
@@ -30,18 +32,21 @@ def add_settings_args(parser: argparse.ArgumentParser, experiment: str, scales: 
 
 
 def parse_experiment_args(
-    parser: argparse.ArgumentParser, argv: Sequence[str] | None, shipped: Callable[[str], Path]
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    shipped: Callable[[str], Path],
+    default: str = DEFAULT_SCALE,
 ) -> tuple[argparse.Namespace, Path]:
     """An experiment command's arguments and its settings file (``--settings``, or the shipped file
-    of ``--scale``, default :data:`DEFAULT_SCALE`; both at once is a usage error: a settings file
-    names its own scale), with its output set up: Lightning's own lines shown with ``--verbose``,
-    kept quiet otherwise."""
+    of ``--scale``, default ``default``; both at once is a usage error: a settings file names its own
+    scale), with its output set up: Lightning's own lines shown with ``--verbose``, kept quiet
+    otherwise."""
     from repro.runs.build import VERBOSE_ENV, quiet_lightning
 
     args = parser.parse_args(argv)
     if args.scale and args.settings:
         parser.error("give --scale or --settings, not both (a settings file names its own scale)")
-    path = args.settings or shipped(args.scale or DEFAULT_SCALE)
+    path = args.settings or shipped(args.scale or default)
     if args.verbose:
         os.environ[VERBOSE_ENV] = "1"
     quiet_lightning()

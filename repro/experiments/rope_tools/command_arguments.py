@@ -290,6 +290,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cov.add_fields(CoverageProfileSettings, "seeds", "last_n", "group_size", "group_spread")
     cov.add_argument("--out", required=True, type=Path, help="output profile JSON")
+    cov.add_argument(
+        "--probe",
+        action="store_true",
+        help="a pretrained model: only the noise probe (the base and 3 upgrades on every validation chunk): the "
+        "chunks that resolve 0.01 nats, written to --out",
+    )
     _finetune_args(cov, "the base and every upgrade (the 'early' profile of a pretrained model)")
     _pair_order_arg(cov)
     _levels_args(cov)

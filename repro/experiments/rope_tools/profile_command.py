@@ -30,7 +30,7 @@ from repro.alloc.pretrained_allocations import (
     allocations_markdown,
     evaluate_allocations,
 )
-from repro.alloc.pretrained_coverage import pretrained_coverage_profile
+from repro.alloc.pretrained_coverage import coverage_probe, pretrained_coverage_profile
 from repro.alloc.pretrained_nope import (
     FinetuneGrid,
     finetune_specs,
@@ -197,6 +197,18 @@ def _pretrained_coverage(args) -> None:
     """The coverage-benefit profile of a pretrained model, zero-shot or after a short fine-tune."""
     config = load_model_config(args.config)
     levels = levels_of(args, config.attention_shape())
+    if args.probe:
+        probe = coverage_probe(args.config, levels, progress=count_progress("probe", "evaluations"))
+        write_json_atomic(args.out, probe)
+        for name, sd in probe["paired_std"].items():
+            print(
+                f"{name}: benefit {probe['benefit'][name]:+.4f}, paired std {sd:.4f} over {probe['chunks']} chunks"
+            )
+        print(
+            f"{probe['chunks_needed']} chunks of {probe['context']} tokens give a 95% CI of +-{probe['target']} nats "
+            f"(the config's data.max_val_blocks / eval_batch_size sets the chunks)"
+        )
+        return
     finetune = finetune_of(args, args.out.with_suffix(""), args.seeds)
     how = "zero-shot" if finetune is None else f"after {finetune.steps} fine-tune steps of each rotation"
     print(
