@@ -290,6 +290,16 @@ def test_the_rope_tools_on_a_pretrained_model_pair_order_coverage_profile_and_al
         rows["profiled"]["loss"] - rows["uniform"]["loss"], abs=1e-6
     )
     assert (tmp_path / "zs.md").read_text().count("\n| 0.5 |") == len(rows)
+    # the same allocations at several contexts on the same text (loss against context length)
+    repro("profile", "allocations", "--config", cfg, "--allocation", str(tmp_path / "alloc.json"),
+          "--contexts", "8", "32", "--out", str(tmp_path / "ctx.json"))  # fmt: skip
+    by_context = json.loads((tmp_path / "ctx.json").read_text())["by_context"]
+    assert [c["context"] for c in by_context] == [8, 32] and by_context[0]["chunks"] == by_context[1][
+        "chunks"
+    ]
+    for c in by_context:
+        high = next(r for r in c["rows"] if r["method"] == "all-high")
+        assert high["vs_full_rope"]["delta"] == pytest.approx(0.0, abs=1e-6)
 
     repro("allocate", "--config", cfg, "--benefit", str(tmp_path / "c.json"), "--high", "1.0", "--low", "0.25",
           "--budget", "0.5", "--method", "profiled", "uniform", "--out", str(tmp_path / "two.json"))  # fmt: skip

@@ -118,13 +118,17 @@ def evaluate_allocations(
 
 
 def _paired(chunks: Chunks, ref: Chunks, is_ref: bool, reference: str) -> dict[str, Any]:
+    """The difference to ``ref`` (token-weighted) and the 95 % CI of the mean chunk difference (the
+    same when the chunks hold equal tokens, as blocks do)."""
     if is_ref:
-        return {"delta_vs_reference": None, "ci95": None, "verdict": None}
+        return {"delta_vs_reference": None, "delta": None, "ci95": None, "verdict": None}
     mean, low, high = mean_interval([a - b for (a, _), (b, _) in zip(chunks, ref)])
     verdict = (
         f"worse than {reference}" if low > 0 else f"better than {reference}" if high < 0 else "unresolved"
     )
-    return {"delta_vs_reference": mean, "ci95": [low, high], "verdict": verdict}
+    delta = token_mean(chunks) - token_mean(ref)
+    return {"delta_vs_reference": delta, "delta": delta, "mean_chunk_delta": mean, "ci95": [low, high],
+            "verdict": verdict}  # fmt: skip
 
 
 def allocations_markdown(result: dict[str, Any]) -> str:
@@ -150,4 +154,93 @@ def allocations_markdown(result: dict[str, Any]) -> str:
             f"| {r['budget']:g} | {name} | {high} | {r['loss']:.4f} | {r['increase_over_full_rope']:+.4f} | "
             f"{delta} | {ci} | {r['verdict'] or ''} |"
         )
+    return "\n".join(lines) + "\n"
+
+
+def context_batches(datamodule, context: int, chunk_tokens: int) -> list[dict]:
+    """The test text (validation where there is none) cut into chunks of ``chunk_tokens`` tokens, each
+    one batch of blocks of ``context`` tokens: every context reads the same text in the same chunks."""
+    import torch
+
+    split = "test" if datamodule.has_test_split else "validation"
+    stream = torch.from_numpy(datamodule.token_stream(split).astype("int64"))
+    n = (len(stream) - 1) // chunk_tokens
+    if n < 2:
+        raise ValueError(
+            f"--contexts: the {split} text holds {len(stream)} tokens, fewer than 2 chunks of {chunk_tokens}"
+        )
+    out = []
+    for c in range(n):
+        piece = stream[c * chunk_tokens : (c + 1) * chunk_tokens + 1]
+        out.append({"input_ids": piece[:-1].view(-1, context), "targets": piece[1:].view(-1, context)})
+    return out
+
+
+def evaluate_contexts(
+    config_path: str | os.PathLike,
+    docs: list[dict[str, Any]],
+    contexts: list[int],
+    reference: str = "uniform",
+    order: str | None = None,
+    progress=None,
+) -> dict[str, Any]:
+    """Every allocation (and full RoPE) zero-shot at each context on the same text: chunks of the
+    longest context's length, the CI over them; Δ paired against ``reference`` of the same budget."""
+    model, datamodule = pretrained_model_and_data(config_path)
+    rotations, records = allocation_rotations(docs, model.head_dim)
+    chunk = max(contexts)
+    if any(chunk % c for c in contexts):
+        raise ValueError(f"--contexts {contexts}: each must divide the longest ({chunk})")
+    everything = {FULL: {}} | rotations
+    by_context = []
+    for i, context in enumerate(sorted(contexts)):
+        batches = context_batches(datamodule, context, chunk)
+        losses = zero_shot_losses(model, batches, everything, order)
+        rows = []
+        for name, r in records.items():
+            ref = f"B{r['budget']:g} {reference}"
+            row = {
+                "name": name,
+                "budget": r["budget"],
+                "method": r["method"],
+                "loss": token_mean(losses[name]),
+            }
+            row.update(_paired(losses[name], losses[ref], name == ref, reference))
+            row["vs_full_rope"] = _paired(losses[name], losses[FULL], False, FULL)
+            rows.append(row)
+        by_context.append(
+            {
+                "context": context,
+                "chunks": len(batches),
+                "loss_full_rope": token_mean(losses[FULL]),
+                "rows": rows,
+            }
+        )
+        if progress is not None:
+            progress(i + 1, len(contexts))
+    return {
+        "chunk_tokens": chunk,
+        "reference": reference,
+        "contexts": sorted(contexts),
+        "by_context": by_context,
+    }
+
+
+def contexts_markdown(result: dict[str, Any]) -> str:
+    names = [r["name"] for r in result["by_context"][0]["rows"]]
+    lines = [
+        f"Zero-shot test loss at each context on the same text ({result['by_context'][0]['chunks']} chunks of "
+        f"{result['chunk_tokens']} tokens); Δ vs full RoPE with its 95% CI over the chunks.",
+        "",
+        "| allocation | " + " | ".join(f"{c['context']} tokens" for c in result["by_context"]) + " |",
+        "|---|" + "---|" * len(result["by_context"]),
+        "| full RoPE | " + " | ".join(f"{c['loss_full_rope']:.4f}" for c in result["by_context"]) + " |",
+    ]
+    for name in names:
+        cells = []
+        for c in result["by_context"]:
+            r = next(x for x in c["rows"] if x["name"] == name)
+            v = r["vs_full_rope"]
+            cells.append(f"{r['loss']:.4f} ({v['delta']:+.4f} [{v['ci95'][0]:+.4f}, {v['ci95'][1]:+.4f}])")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

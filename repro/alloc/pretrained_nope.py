@@ -15,8 +15,9 @@ its 95% CI over the chunks.
 
 ``finetuned_nope`` asks the same after a short fine-tune: every allocation (and full RoPE) is
 fine-tuned from the pretrained weights with its layers' rotation as allocated (``model.rotary``), on
-the same batches (same seeds), through the run engine (resumable), and then evaluated as above.
-Over several seeds, a chunk's loss is its mean over the seeds; the CI is still over the chunks.
+the same batches (same seeds), through the run engine (resumable), and then evaluated as above
+(``pretrained_rotations``, the evaluator of every real-model RoPE test). Over several seeds, a
+chunk's loss is its mean over the seeds; the CI is still over the chunks.
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from repro.runs import Progress, RunSpec, train_all
+from repro.runs import RunSpec
 from repro.stats import mean_interval
 
 from .allocation import bottom_k_layers, random_layers, spaced_layers, top_k_layers
-from .pretrained_profile import chunk_losses, pretrained_model_and_data, token_mean
+from .pretrained_profile import pretrained_model_and_data, token_mean
+from .pretrained_rotations import Finetune, finetuned_losses, zero_shot_losses
+from .pretrained_rotations import finetune_specs as rotation_specs
 from .profile import LayerProfile
 
 METHODS = ("profile", "inverse", "first-k", "last-k", "spaced-k", "random-k", "uniform")
@@ -72,25 +75,10 @@ def zero_shot_nope(
     model, datamodule = pretrained_model_and_data(config_path, cache_dir)
     profile.check_matches(model.n_layer, f"model.pretrained of {config_path}")
     split = "test" if datamodule.test_set is not datamodule.val_set else "validation (no test split)"
-    batches = list(datamodule.test_dataloader())
-    total, done = 1 + sum(len(p) for p in plans.values()), 0
-
-    def evaluate(fractions):
-        nonlocal done
-        model.set_rotary(fractions)
-        chunks = chunk_losses(model, batches)
-        model.set_rotary(None)
-        done += 1
-        if progress is not None:
-            progress(done, total)
-        return chunks
-
-    model.eval()
-    reference = evaluate(None)
-    measured = {
-        k: {name: evaluate(fractions) for name, fractions in plan.items()} for k, plan in plans.items()
-    }
-    return _result(plans, measured, reference, split, profile)
+    named = {"full RoPE": {}} | {f"k{k} {name}": f for k, plan in plans.items() for name, f in plan.items()}
+    losses = zero_shot_losses(model, list(datamodule.test_dataloader()), named, progress=progress)
+    measured = {k: {name: losses[f"k{k} {name}"] for name in plan} for k, plan in plans.items()}
+    return _result(plans, measured, losses["full RoPE"], split, profile)
 
 
 @dataclass(frozen=True)
@@ -108,6 +96,10 @@ class FinetuneGrid:
     overrides: dict[str, Any] | None = None
 
 
+def _finetune(config_path, grid: FinetuneGrid) -> Finetune:
+    return Finetune(str(config_path), grid.steps, grid.folder, tuple(grid.seeds), grid.overrides)
+
+
 def finetune_specs(
     config_path: str | os.PathLike, profile: LayerProfile, grid: FinetuneGrid
 ) -> tuple[
@@ -116,21 +108,9 @@ def finetune_specs(
     """The budgets' allocations, every fine-tune's rotation by name (full RoPE first), and its run per
     (name, seed) (what ``finetuned_nope`` trains and ``--plan`` counts)."""
     plans = {k: nope_allocations(profile, k, grid.draws, grid.seed) for k in grid.budgets}
-    steps = grid.steps
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
-        raise ValueError(f"--finetune-steps={steps!r}: a positive number of steps")
-    n = profile.n_layer
     named = {"full RoPE": {}} | {f"k{k} {name}": f for k, plan in plans.items() for name, f in plan.items()}
-
-    def spec(name: str, fractions: dict[int, float], s: int) -> RunSpec:
-        slug = name.replace(" ", "-").replace("#", "")
-        rotary = {"model.rotary": [float(fractions.get(i, 1.0)) for i in range(n)]} if fractions else {}
-        return RunSpec.make(
-            f"{slug}-s{s}", grid.folder, config_path, s, steps, steps, {**(grid.overrides or {}), **rotary},
-            save_checkpoint=True, label=f"{name}, seed {s}",
-        )  # fmt: skip
-
-    return plans, named, {(name, s): spec(name, f, s) for name, f in named.items() for s in grid.seeds}
+    specs = rotation_specs(_finetune(config_path, grid), named, profile.n_layer)
+    return plans, named, specs
 
 
 def finetuned_nope(
@@ -142,26 +122,15 @@ def finetuned_nope(
 ) -> dict[str, Any]:
     """Every allocation fine-tuned ``steps`` steps (per seed, runs under ``folder``), then its loss on
     the test chunks with its rotation as trained, paired against ``profile``'s fine-tune."""
-    plans, named, specs = finetune_specs(config_path, profile, grid)
-    steps, seeds = grid.steps, grid.seeds
-    progress = Progress("nope fine-tune", len(specs), steps * len(specs), 1, quiet)
-    results = train_all(list(specs.values()), "cpu", 1, cache_dir, progress)
-    measured: dict[str, list[tuple[float, int]]] = {}
-    for name, fractions in named.items():
-        per_seed = []
-        for s in seeds:
-            checkpoint = results[specs[(name, s)].key].checkpoint
-            model, datamodule = pretrained_model_and_data(config_path, cache_dir, checkpoint)
-            model.set_rotary(fractions or None)
-            model.eval()
-            per_seed.append(chunk_losses(model, list(datamodule.test_dataloader())))
-            progress.note(f"{name}, seed {s}: test loss {token_mean(per_seed[-1]):.4f}")
-        measured[name] = [
-            (sum(c[i][0] for c in per_seed) / len(seeds), per_seed[0][i][1]) for i in range(len(per_seed[0]))
-        ]
+    plans, named, _ = finetune_specs(config_path, profile, grid)
+    measured, _ = finetuned_losses(
+        config_path, _finetune(config_path, grid), named, profile.n_layer, "test", None, cache_dir, quiet,
+        "nope fine-tune",
+    )  # fmt: skip
+    _, datamodule = pretrained_model_and_data(config_path, cache_dir)
     split = "test" if datamodule.test_set is not datamodule.val_set else "validation (no test split)"
     by_budget = {k: {name: measured[f"k{k} {name}"] for name in plan} for k, plan in plans.items()}
-    tuned = {"steps": steps, "seeds": list(seeds), "overrides": dict(grid.overrides or {})}
+    tuned = {"steps": grid.steps, "seeds": list(grid.seeds), "overrides": dict(grid.overrides or {})}
     return _result(plans, by_budget, measured["full RoPE"], split, profile, finetune=tuned)
 
 

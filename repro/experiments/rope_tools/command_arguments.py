@@ -233,6 +233,14 @@ def build_parser() -> argparse.ArgumentParser:
     alloc.add_argument(
         "--accelerator", default="cpu", help="--plan: the device the plan measures a step on (cpu, gpu)"
     )
+    alloc.add_argument(
+        "--contexts",
+        type=PositiveInt,
+        nargs="+",
+        default=None,
+        help="zero-shot at each of these contexts on the same text (chunks of the longest; each must divide it), "
+        "instead of the config's context: loss against context length",
+    )
     alloc.add_argument("--out", required=True, type=Path, help="output JSON (and a .md table beside it)")
     _finetune_args(alloc, "every allocation (and full RoPE)")
     _pair_order_arg(alloc)

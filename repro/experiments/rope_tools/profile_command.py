@@ -28,7 +28,9 @@ from repro.alloc.pretrained_allocations import (
     FULL,
     allocation_rotations,
     allocations_markdown,
+    contexts_markdown,
     evaluate_allocations,
+    evaluate_contexts,
 )
 from repro.alloc.pretrained_coverage import coverage_probe, pretrained_coverage_profile
 from repro.alloc.pretrained_nope import (
@@ -238,6 +240,19 @@ def _allocations(args) -> None:
     for path, doc in zip(args.allocation, docs):
         if not isinstance(doc, dict) or "allocations" not in doc or "levels" not in doc:
             raise ValueError(f"--allocation {str(path)!r}: not a file of repro allocate")
+    if args.contexts:
+        if args.finetune_steps:
+            raise ValueError("--contexts: zero-shot only (give it without --finetune-steps)")
+        result = evaluate_contexts(
+            args.config, docs, list(args.contexts), args.reference,
+            None if args.pair_order is None else str(args.pair_order), count_progress("contexts", "contexts"),
+        )  # fmt: skip
+        result["allocation_files"] = [str(p) for p in args.allocation]
+        write_json_atomic(args.out, result)
+        table = contexts_markdown(result)
+        write_text_atomic(args.out.with_suffix(".md"), table)
+        print(table)
+        return
     finetune = finetune_of(args, args.out.with_suffix(""), args.seeds)
     if args.plan:
         if finetune is None:
