@@ -64,11 +64,17 @@ def models(tmp_path_factory, corpus) -> dict[str, Path]:
         model.save_pretrained(str(root / name))
         tokenizer.save(root / name / "tokenizer.json")
         out[name] = root / name
+    # the Llama converted to latent attention (repro convert-mla: 2 rotary pairs per kv head, rank 16 of 24)
+    from repro.models.mla_conversion import convert_to_mla, plan_widths, source_config
+
+    out["llama_mla"] = convert_to_mla(
+        out["llama"], root / "llama_mla", plan_widths(source_config(out["llama"])[1], 2, 16)
+    )
     return out
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
-@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("name", [*CONFIGS, "llama_mla"])
 def test_the_parts_give_the_models_own_logits(name, attention, models):
     ids = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(1))
     reference = AutoModelForCausalLM.from_pretrained(str(models[name]), attn_implementation=attention).eval()
@@ -332,14 +338,16 @@ TOLERANCE = 1e-6  # pipeline against one process: per-step losses, and final wei
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "name, stages, placement", [("llama", 2, "linear"), ("qwen2", 4, "v"), ("gpt2", 2, "linear")]
+    "name, stages, placement",
+    [("llama", 2, "linear"), ("qwen2", 4, "v"), ("gpt2", 2, "linear"), ("llama_mla", 2, "linear")],
 )
 def test_a_pipeline_trains_the_pretrained_model_as_one_process_does(
     name, stages, placement, models, corpus, tmp_path
 ):
-    """Llama (untied) at K=2, Qwen2 and GPT-2 (tied) at K=4 and K=2, 3 AdamW steps, against the same
-    model trained in one process with the torch threads of a stage process (Qwen2 with placement
-    'v': its embedding on the last stage, beside the head it is tied to):
+    """Llama (untied) and its latent-attention conversion (convert-mla) at K=2, Qwen2 and GPT-2 (tied)
+    at K=4 and K=2, 3 AdamW steps, against the same model trained in one process with the torch
+    threads of a stage process (Qwen2 with placement 'v': its embedding on the last stage, beside the
+    head it is tied to):
 
     - fp32, one micro-batch: per-step losses and every final weight within 1e-6 (relative to the
       weight's norm). The pipeline sums nothing in another order here, so they are equal, bit for bit;
@@ -395,7 +403,12 @@ def test_export_round_trips_through_from_pretrained_tied_as_one_tensor_untied_as
     from safetensors import safe_open
 
     ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(4))
-    for name, tie, tensors in (("qwen2", "auto", 1), ("qwen2", "untied", 2), ("llama", "auto", 2)):
+    for name, tie, tensors in (
+        ("qwen2", "auto", 1),
+        ("qwen2", "untied", 2),
+        ("llama", "auto", 2),
+        ("llama_mla", "auto", 2),
+    ):
         model = HFCausalLM(str(models[name]), tie_embeddings=tie)
         model.materialize()
         with torch.no_grad():

@@ -191,7 +191,7 @@ def test_figures_without_results_are_skipped_with_a_message(tmp_path, capsys):
         sys.path.remove(str(FIGURES))
     assert make_all.main(["--results", str(tmp_path / "none"), "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
-    assert out.count("[figures] skip") == len(make_all.FIGURES) == 10
+    assert out.count("[figures] skip") == len(make_all.FIGURES) == 13
     assert out.count("make reproduce-table1") == 5 and out.count("make reproduce-clapping") == 4
     assert out.count("repro profile phase-off --config paper_configs/models/real/smollm2.yaml") == 1
     assert not (tmp_path / "out").exists()

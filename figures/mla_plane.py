@@ -1,0 +1,55 @@
+"""The quality-storage-compute plane of a real model's MLA conversions (docs/real_model.md): KV bytes
+per token against test loss, coloured by attention FLOPs per token, the Pareto front marked; zero-shot
+(every row) and after the fine-tune (the fine-tuned rows and the fine-tuned source)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import TEXT_WIDTH_IN, _load_result, plt, save, style
+
+COMMAND = "repro mla-plane --scale real"
+MARKERS = {"source": "*", "uniform (weights)": "s", "uniform": "o", "uniform (2-norm)": "D", "uniform (split)": "v",
+           "profiled": "P", "profiled-rotary": "<", "profiled-rank": ">", "inverse": "X", "random-k": "^"}  # fmt: skip
+
+
+def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> list[Path]:
+    doc = _load_result(results, "mla_plane/mla_plane.json", "mla_plane", COMMAND)
+    if doc is None:
+        return []
+    style()
+    primary = doc["contexts"][0]
+    rows = doc["rows"]
+    flops = [r[f"attention_flops_per_token@{primary}"] for r in rows]
+    norm = plt.Normalize(min(flops), max(flops))
+    panels = [("zero_shot_loss@" + primary, "zero-shot", "pareto_zero_shot")]
+    if any("finetuned_loss" in r for r in rows):
+        panels.append(
+            ("finetuned_loss", f"after {doc['finetune']['steps']} fine-tune steps", "pareto_finetuned")
+        )
+    fig, axes = plt.subplots(1, len(panels), figsize=(TEXT_WIDTH_IN, 3.0), squeeze=False)
+    context = rows[0][f"context@{primary}"]
+    for ax, (key, title, front_key) in zip(axes[0], panels):
+        shown = [r for r in rows if key in r]
+        for r in shown:
+            kind = r["method"].split(" #")[0]
+            ax.scatter(r["kv_bytes_per_token"], r[key], c=[r[f"attention_flops_per_token@{primary}"]], cmap="viridis",
+                       norm=norm, marker=MARKERS.get(kind, "o"), s=28, edgecolors="black", linewidths=0.3)  # fmt: skip
+        front = sorted((r["kv_bytes_per_token"], r[key]) for r in shown if r.get(front_key))
+        if front:
+            ax.step(*zip(*front), where="post", color="tab:red", lw=0.8, label="Pareto front")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("KV cache bytes per token (bf16)")
+        ax.set_ylabel(f"test loss at {context} tokens (nats)")
+        ax.set_title(title)
+    handles = [plt.Line2D([], [], marker=m, ls="", color="gray", label=k) for k, m in MARKERS.items()]
+    axes[0][-1].legend(handles=handles, fontsize=5.5, loc="upper right")
+    bar = fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap="viridis"), ax=axes[0].tolist(), shrink=0.85)
+    bar.set_label(f"attention FLOPs per token at {context} tokens")
+    return save(fig, out, "mla_plane")
+
+
+if __name__ == "__main__":
+    main()
