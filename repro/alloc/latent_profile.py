@@ -14,7 +14,7 @@ from typing import Any
 from repro.models.gguf_folder import source_note
 from repro.stats import mean_interval
 
-from .pretrained_profile import chunk_losses, pretrained_model_and_data, token_mean
+from .pretrained_profile import layerwise_losses, pretrained_model_and_data, token_mean
 from .profile import LayerProfile
 
 
@@ -35,18 +35,13 @@ def rank_benefit_profile(
     batches = list(datamodule.val_dataloader())
     model.eval()
 
-    def measure(ranks: dict[int, int], i: int) -> list[tuple[float, int]]:
-        model.hf.set_active_ranks(ranks)
-        chunks = chunk_losses(model, batches)
-        if progress is not None:
-            progress(i, n + 1)
-        return chunks
-
     base_ranks = dict.fromkeys(range(n), low)
-    base = measure(base_ranks, 1)
+    variants = {"base": (n, base_ranks)} | {f"layer {i} high": (i, {**base_ranks, i: high}) for i in range(n)}
+    measured = layerwise_losses(model, batches, variants, model.hf.set_active_ranks, progress)
+    base = measured["base"]
     values, intervals, losses = [], [], {"base": token_mean(base)}
     for layer in range(n):
-        up = measure({**base_ranks, layer: high}, layer + 2)
+        up = measured[f"layer {layer} high"]
         _, lo, hi = mean_interval([b - u for (b, _), (u, _) in zip(base, up)])
         values.append(token_mean(base) - token_mean(up))
         intervals.append([lo, hi])

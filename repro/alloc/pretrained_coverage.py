@@ -4,7 +4,8 @@ every layer at the low coverage; upgrade ``l``, layer ``l`` at the high coverage
 (paired: the same chunks in both). A coverage is the fraction of a layer's rotary pairs that keep
 their phase (its highest frequencies, or the first of a pair order's in each key/value head).
 
-Zero-shot, the rotations are applied to the weights as trained. With a fine-tune (the paper's
+Zero-shot, the rotations are applied to the weights as trained (each upgrade from the base's
+hidden states at its layer: ``layerwise_losses``). With a fine-tune (the paper's
 "early" profile), each of the L + 1 rotations is fine-tuned a few steps with its rotation in place
 and then evaluated as trained (``pretrained_rotations``): what a layer's coverage buys once the model
 may adapt to it. The profile is the suite's own (kind ``coverage_benefit``), so ``repro allocate``
@@ -21,8 +22,8 @@ from repro.models.gguf_folder import source_note
 from repro.stats import mean_interval
 
 from .budget import BudgetLevels
-from .pretrained_profile import pretrained_model_and_data, token_mean
-from .pretrained_rotations import Chunks, Finetune, Rotation, finetuned_losses, zero_shot_losses
+from .pretrained_profile import layerwise_losses, pretrained_model_and_data, token_mean
+from .pretrained_rotations import Chunks, Finetune, Rotation, finetuned_losses
 from .profile import LayerProfile
 
 BASE = "base (all low)"
@@ -32,6 +33,12 @@ def coverage_rotations(n_layer: int, low: float, high: float) -> dict[str, Rotat
     """The base rotation (every layer low) and one upgrade per layer (that layer high)."""
     base = dict.fromkeys(range(n_layer), low)
     return {BASE: base} | {f"layer {i} high": {**base, i: high} for i in range(n_layer)}
+
+
+def upgrades(rotations: dict[str, Rotation]) -> dict[str, tuple[int, Rotation]]:
+    """The rotations as ``layerwise_losses`` variants: the base changes no layer, an upgrade its own."""
+    n = len(rotations[BASE])
+    return {name: (n if name == BASE else int(name.split()[1]), r) for name, r in rotations.items()}
 
 
 def check_coverage_levels(levels: BudgetLevels) -> None:
@@ -72,7 +79,9 @@ def pretrained_coverage_profile(
     batches = list(datamodule.val_dataloader())
     curves: dict[str, Any] | None = None
     if finetune is None:
-        losses = zero_shot_losses(model, batches, rotations, order, progress)
+        losses = layerwise_losses(
+            model, batches, upgrades(rotations), lambda r: model.set_rotary(r, order), progress
+        )
     else:
         losses, curves = finetuned_losses(
             config_path, finetune, rotations, model.n_layer, "validation", order, cache_dir, quiet,
@@ -137,7 +146,9 @@ def coverage_probe(
     everything = coverage_rotations(model.n_layer, levels.low, levels.high)
     layers = sorted({round(i * (model.n_layer - 1) / max(1, upgrades - 1)) for i in range(upgrades)})
     rotations = {BASE: everything[BASE]} | {f"layer {i} high": everything[f"layer {i} high"] for i in layers}
-    losses = zero_shot_losses(model, list(datamodule.val_dataloader()), rotations, None, progress)
+    losses = layerwise_losses(
+        model, list(datamodule.val_dataloader()), upgrades(rotations), model.set_rotary, progress
+    )
     n = len(losses[BASE])
     sds = {}
     for name in rotations:

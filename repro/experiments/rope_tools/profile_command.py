@@ -51,8 +51,15 @@ from repro.runs.pool import count_progress
 from repro.runs.shards import Shard
 
 
-def levels_of(args, shape):
-    return levels_for(shape, args.high, args.low, args.budget)
+def levels_of(args, shape, need_budget: bool = True):
+    """The levels the options give; a profile, which needs no budget, takes the default budget moved
+    inside [low, high] when --budget is not given (so --low/--high alone never fail on it)."""
+    if need_budget or args.budget is not None:
+        return levels_for(shape, args.high, args.low, args.budget)
+    base = levels_for(shape)
+    low = base.low if args.low is None else args.low
+    high = base.high if args.high is None else args.high
+    return levels_for(shape, high, low, min(max(base.budget, low), high))
 
 
 def runs_dir_of(args) -> Path:
@@ -128,8 +135,9 @@ def profile_command(args) -> None:
             group_spread=args.group_spread,
             schedule_steps=max(full, steps) if args.lr_schedule == "full-run" and full > 0 else None,
         )
-        levels = levels_of(args, shape)
-        num_high_layers(shape.n_layer, levels)  # fail early on an infeasible budget
+        levels = levels_of(args, shape, need_budget=False)
+        if args.budget is not None:
+            num_high_layers(shape.n_layer, levels)  # fail early on a budget no allocation can meet
         if args.plan:
             runs = planned_runs(profile_specs(config, levels, settings, runs_dir_of(args)), 1)
             print_plan(
@@ -198,7 +206,7 @@ def finetune_of(args, runs: Path, seeds) -> Finetune | None:
 def _pretrained_coverage(args) -> None:
     """The coverage-benefit profile of a pretrained model, zero-shot or after a short fine-tune."""
     config = load_model_config(args.config)
-    levels = levels_of(args, config.attention_shape())
+    levels = levels_of(args, config.attention_shape(), need_budget=False)
     if args.probe:
         probe = coverage_probe(args.config, levels, progress=count_progress("probe", "evaluations"))
         write_json_atomic(args.out, probe)
