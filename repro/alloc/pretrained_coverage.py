@@ -35,7 +35,7 @@ def coverage_rotations(n_layer: int, low: float, high: float) -> dict[str, Rotat
     return {BASE: base} | {f"layer {i} high": {**base, i: high} for i in range(n_layer)}
 
 
-def upgrades(rotations: dict[str, Rotation]) -> dict[str, tuple[int, Rotation]]:
+def upgrade_variants(rotations: dict[str, Rotation]) -> dict[str, tuple[int, Rotation]]:
     """The rotations as ``layerwise_losses`` variants: the base changes no layer, an upgrade its own."""
     n = len(rotations[BASE])
     return {name: (n if name == BASE else int(name.split()[1]), r) for name, r in rotations.items()}
@@ -80,7 +80,7 @@ def pretrained_coverage_profile(
     curves: dict[str, Any] | None = None
     if finetune is None:
         losses = layerwise_losses(
-            model, batches, upgrades(rotations), lambda r: model.set_rotary(r, order), progress
+            model, batches, upgrade_variants(rotations), lambda r: model.set_rotary(r, order), progress
         )
     else:
         losses, curves = finetuned_losses(
@@ -147,7 +147,7 @@ def coverage_probe(
     layers = sorted({round(i * (model.n_layer - 1) / max(1, upgrades - 1)) for i in range(upgrades)})
     rotations = {BASE: everything[BASE]} | {f"layer {i} high": everything[f"layer {i} high"] for i in layers}
     losses = layerwise_losses(
-        model, list(datamodule.val_dataloader()), upgrades(rotations), model.set_rotary, progress
+        model, list(datamodule.val_dataloader()), upgrade_variants(rotations), model.set_rotary, progress
     )
     n = len(losses[BASE])
     sds = {}

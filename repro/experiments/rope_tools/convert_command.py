@@ -130,7 +130,7 @@ def convert_command(args) -> dict[str, Any]:
 
 
 def build_parser() -> Parser:
-    parser = Parser(prog="repro convert-mla", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="repro convert-mla", description=__doc__)
     parser.add_argument(
         "--pretrained",
         required=True,

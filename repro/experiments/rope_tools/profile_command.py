@@ -32,7 +32,7 @@ from repro.alloc.pretrained_allocations import (
     evaluate_allocations,
     evaluate_contexts,
 )
-from repro.alloc.pretrained_coverage import coverage_probe, pretrained_coverage_profile
+from repro.alloc.pretrained_coverage import coverage_probe, coverage_rotations, pretrained_coverage_profile
 from repro.alloc.pretrained_nope import (
     FinetuneGrid,
     finetune_specs,
@@ -220,6 +220,14 @@ def _pretrained_coverage(args) -> None:
         )
         return
     finetune = finetune_of(args, args.out.with_suffix(""), args.seeds)
+    if args.plan:
+        if finetune is None:
+            raise ValueError("--plan: only with --finetune-steps (the zero-shot profile trains nothing)")
+        n = config.attention_shape().n_layer
+        specs = rotation_specs(finetune, coverage_rotations(n, levels.low, levels.high), n, args.pair_order)
+        runs = planned_runs(list(specs.values()), 1)
+        print_plan("coverage fine-tunes", runs, str(args.config), args.accelerator, args.step_time)
+        return
     how = "zero-shot" if finetune is None else f"after {finetune.steps} fine-tune steps of each rotation"
     print(
         f"[coverage] {config.pretrained}: every layer at coverage {levels.low:g}, one at {levels.high:g}, {how}",
