@@ -378,3 +378,20 @@ def test_repro_mla_plane_allocates_each_budget_per_layer_and_resumes(hf_config, 
     repro("mla-plane", "--settings", str(tmp_path / "plane.yaml"))
     assert "rows converted" in capsys.readouterr().err
     assert stamp == {p: p.stat().st_mtime for p in stamp}  # nothing converted or trained again
+
+
+def test_a_cache_budget_no_split_can_meet_names_what_can():
+    from repro.alloc.mla_allocation import Split, high_count, mla_allocation, split_for
+
+    assert split_for(0.25, 4, 3, 64, 360) == Split(4, 72)  # SmolLM2: 96 of 384 elements, 24 of them rotary
+    with pytest.raises(ValueError, match=r"115.2 elements per layer, not a whole number"):
+        split_for(0.3, 4, 3, 64, 360)
+    with pytest.raises(
+        ValueError, match=r"leaves a latent rank of 0, outside 1..360; pairs this budget allows: 0..7"
+    ):
+        split_for(0.125, 8, 3, 64, 360)
+    # per-layer levels keep the split's means: k = L/3 layers at twice, the rest at half
+    profile = [0.1 * i for i in range(30)]
+    pairs, ranks = mla_allocation("profiled", 30, Split(4, 72), profile, profile[::-1])
+    assert high_count(30) == 10 and sum(pairs) == 30 * 4 and sum(ranks) == 30 * 72
+    assert pairs[20:] == [8] * 10 and ranks[:10] == [144] * 10

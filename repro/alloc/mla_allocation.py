@@ -38,21 +38,28 @@ class Split:
 
 def split_for(budget: float, pairs: int, n_kv: int, head_dim: int, full_rank: int) -> Split:
     """The split of ``budget`` (a fraction of the source's 2 n_kv d elements per layer) that keeps
-    ``pairs`` pairs per key/value head; one line names a split the budget cannot buy."""
+    ``pairs`` pairs per key/value head; one line names a split the budget cannot buy and the pairs
+    it can."""
+    source = 2 * n_kv * head_dim
     if not 0 < budget <= 1:
         raise ValueError(f"cache budget {budget!r}: a fraction of the source's KV cache in (0, 1]")
-    elements = budget * 2 * n_kv * head_dim
+    elements = budget * source
+    if abs(elements - round(elements)) > 1e-9:
+        raise ValueError(
+            f"cache budget {budget:g} is {elements:g} elements per layer, not a whole number; budgets are "
+            f"multiples of 1/{source} of the source's {source}"
+        )
+    elements = round(elements)
+    possible = [n for n in range(head_dim // 2 + 1) if 1 <= elements - n_kv * 2 * n <= full_rank]
     rank = elements - n_kv * 2 * pairs
-    if abs(rank - round(rank)) > 1e-9 or round(rank) < 1:
+    if pairs not in possible:
+        allowed = f"{possible[0]}..{possible[-1]}" if possible else "none"
         raise ValueError(
-            f"cache budget {budget:g} ({elements:g} elements per layer) with {pairs} rotary pairs per key/value "
-            f"head ({n_kv * 2 * pairs} elements) leaves a latent rank of {rank:g}; it must be a positive integer"
+            f"cache budget {budget:g} ({elements} elements per layer) with {pairs} rotary pairs per key/value head "
+            f"({n_kv * 2 * pairs} elements) leaves a latent rank of {rank}, outside 1..{full_rank}; pairs this "
+            f"budget allows: {allowed}"
         )
-    if round(rank) > full_rank:
-        raise ValueError(
-            f"cache budget {budget:g}: {pairs} pairs leave rank {round(rank)} > the layer's {full_rank}"
-        )
-    return Split(pairs, int(round(rank)))
+    return Split(pairs, rank)
 
 
 def level_split(split: Split) -> tuple[tuple[int, int], tuple[int, int]]:
