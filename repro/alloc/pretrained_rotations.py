@@ -102,7 +102,7 @@ def finetune_specs(
         return RunSpec.make(
             f"{run_slug(name)}-s{seed}", finetune.folder, finetune.config, seed, finetune.steps,
             every if finetune.steps % every == 0 else finetune.steps, overrides,
-            save_checkpoint=True, label=f"{name}, seed {seed}",
+            save_checkpoint=True, label=f"{name}, seed {seed}", weights_only=True,
         )  # fmt: skip
 
     return {(name, s): spec(name, r, s) for name, r in rotations.items() for s in finetune.seeds}

@@ -91,7 +91,8 @@ class RunRecorder(L.Callback):
         if pipeline is not None:  # a pipeline reduces its statistics only when they are read
             pipeline.flush_statistics()
         if self.spec.save_checkpoint:
-            trainer.save_checkpoint(checkpoint_path(self.spec))  # a collective on pipeline runs
+            # a collective on pipeline runs
+            trainer.save_checkpoint(checkpoint_path(self.spec), weights_only=self.spec.weights_only)
         summary = pipeline.run_summary if pipeline is not None else None
         record = {
             "val_curve": self.curve,

@@ -60,6 +60,9 @@ class RunSpec:
     save_checkpoint: bool = False  # also write <folder>/<name>.ckpt at the end
     checkpoint_every: int = 0  # also write <folder>/<name>-step<k>.ckpt every k steps (0 = never)
     label: str = field(default="", compare=False)  # how progress lines name the run (default: the name)
+    weights_only: bool = (
+        False  # the end checkpoint without optimizer state (for evaluation: a third the size)
+    )
 
     @staticmethod
     def make(
@@ -75,6 +78,7 @@ class RunSpec:
         save_checkpoint: bool = False,
         checkpoint_every: int = 0,
         label: str = "",
+        weights_only: bool = False,
     ) -> RunSpec:
         """A spec from plain values (lists and dicts are frozen so the spec is hashable)."""
         for what, value in (("seed", seed), ("steps", steps), ("eval_every", eval_every), ("stages", stages)):
@@ -96,6 +100,7 @@ class RunSpec:
             save_checkpoint,
             checkpoint_every,
             label,
+            weights_only,
         )
 
     @property

@@ -168,7 +168,7 @@ class Plane:
                 out[(name, seed)] = RunSpec.make(
                     f"{slug}-s{seed}", self.out / "runs", s.finetune_config, seed, s.finetune_steps,
                     s.finetune_eval_every, {**overrides, "model.pretrained": folder}, save_checkpoint=True,
-                    label=f"{name}, seed {seed}",
+                    weights_only=True, label=f"{name}, seed {seed}",
                 )  # fmt: skip
         return out
 
