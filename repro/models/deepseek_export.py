@@ -231,3 +231,24 @@ def write_deepseek(converted: str | Path, out: str | Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def compare_logits(converted: str | Path, deepseek: str | Path, tokens: int = 128, seed: int = 0) -> dict:
+    """Both folders' logits (transformers' own code for each) on ``tokens`` random token ids: the
+    largest absolute difference and the largest logit, in float32."""
+    from transformers import AutoModelForCausalLM
+
+    from . import mla_llama  # noqa: F401
+
+    a = AutoModelForCausalLM.from_pretrained(str(converted), dtype=torch.float32).eval()
+    ids = torch.randint(0, a.config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        want = a(ids).logits
+        del a
+        b = AutoModelForCausalLM.from_pretrained(str(deepseek), dtype=torch.float32).eval()
+        got = b(ids).logits
+    return {
+        "tokens": tokens,
+        "max_abs_diff": float((got - want).abs().max()),
+        "max_abs_logit": float(want.abs().max()),
+    }

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from repro.arguments import Parser, PositiveInt
+from repro.arguments import NonNegativeInt, Parser, PositiveInt
 from repro.files import read_json
 from repro.models.hf_causal_lm import HFModelError
 
@@ -121,11 +121,18 @@ def convert_command(args) -> dict[str, Any]:
         print(f"  layer {i:3d}: {len(w.pairs[0]):3d} rotary pairs per kv head, latent rank {w.rank:4d}, "
               f"{w.cache_elements:5d} elements (source {before[i]})")  # fmt: skip
     if args.deepseek is not None:
-        from repro.models.deepseek_export import write_deepseek
+        from repro.models.deepseek_export import compare_logits, write_deepseek
 
         written = write_deepseek(out, args.deepseek)
         print(f"wrote {written}: the same model as a Hugging Face DeepseekV3 folder (transformers loads it)")
         summary["deepseek"] = str(written)
+        if args.check_tokens:
+            check = compare_logits(out, written, args.check_tokens)
+            print(
+                f"  its logits against the converted model's (both by transformers, float32, {check['tokens']} random "
+                f"tokens): max |difference| {check['max_abs_diff']:.3g}, max |logit| {check['max_abs_logit']:.3g}"
+            )
+            summary["deepseek_check"] = check
     return summary
 
 
@@ -164,6 +171,12 @@ def build_parser() -> Parser:
         type=Path,
         default=None,
         help="also write the conversion as a Hugging Face DeepseekV3 folder here (same widths in every layer)",
+    )
+    parser.add_argument(
+        "--check-tokens",
+        type=NonNegativeInt,
+        default=128,
+        help="--deepseek: compare both folders' logits on this many random tokens (0: no check)",
     )
     parser.add_argument("--out", required=True, type=Path, help="the model folder to write")
     return parser
