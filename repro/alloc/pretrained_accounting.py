@@ -20,7 +20,7 @@ def account_pretrained(
     """Accounting of the model at ``location`` (a folder, .gguf, package or hub id) at ``context``
     tokens (default: its max_position_embeddings); ``rotary``: per layer, the fraction of pairs that
     rotate (a fixed-width model's ``model.rotary``)."""
-    from repro.models.hf_causal_lm import model_folder, read_config
+    from repro.models.hf_folder import model_folder, read_config
 
     config = read_config(model_folder(location))
     context = int(context or config.max_position_embeddings)

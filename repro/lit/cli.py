@@ -28,7 +28,7 @@ from repro.data import TextDataModule
 from repro.data.datamodule import ExistingPath
 from repro.models import GPTConfig
 from repro.models.deferred_init import deferred_init
-from repro.models.hf_causal_lm import HFModelError, model_folder
+from repro.models.hf_folder import HFModelError, model_folder
 
 from .callbacks import FinalCheckpoint, counting_steps
 from .checkpoints import check_checkpoint_matches, read_checkpoint

@@ -10,7 +10,7 @@ import sys
 
 from repro.arguments import Parser
 from repro.models.gguf_folder import GGUFError, find_gguf, write_folder
-from repro.models.hf_causal_lm import SUPPORTED
+from repro.models.hf_folder import SUPPORTED
 
 
 def main(argv: list[str]) -> int:

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from .hf_causal_lm import HFModelError, TensorFiles, model_folder, read_config
+from .hf_folder import HFModelError, TensorFiles, model_folder, read_config
 from .mla_llama import MODEL_TYPE, head_dim_of
 
 CONSTANT = 2.0**40  # the latent coordinate that fixes kv_a_layernorm's scale

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from .hf_causal_lm import HFModelError, TensorFiles, model_folder, read_config
+from .hf_folder import HFModelError, TensorFiles, model_folder, read_config
 from .mla_llama import MODEL_TYPE, head_dim_of
 
 CONVERTIBLE = ("llama", "mistral", "qwen2")  # q/k/v/o projections, one rotation per key/value head

@@ -59,7 +59,7 @@ class ModelConfig:
         """The width of the messages between pipeline stages."""
         if not self.is_pretrained:
             return int(self.gpt["n_embd"])
-        from repro.models.hf_causal_lm import model_folder, read_config
+        from repro.models.hf_folder import model_folder, read_config
 
         config = read_config(model_folder(self.pretrained))
         return int(getattr(config, "hidden_size", None) or config.n_embd)
@@ -91,7 +91,7 @@ class ModelConfig:
         heads, head width) as a GPTConfig, its coverage written into ``model.rotary``."""
         if not self.is_pretrained:
             return self.shape_config()
-        from repro.models.hf_causal_lm import model_folder, read_config
+        from repro.models.hf_folder import model_folder, read_config
 
         hf = read_config(model_folder(self.pretrained))
         n_head = int(hf.num_attention_heads)
@@ -118,7 +118,7 @@ class ModelConfig:
             if args.get(name) is not None:
                 args[name] = os.path.normpath(Path(self.path).parent / os.path.expanduser(str(args[name])))
         if self.is_pretrained:  # its own tokenizer, as repro fit links it
-            from repro.models.hf_causal_lm import model_folder
+            from repro.models.hf_folder import model_folder
 
             args["tokenizer_file"] = str(model_folder(self.pretrained))
         return {**args, **overrides}

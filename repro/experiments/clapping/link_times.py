@@ -51,7 +51,7 @@ def link_shape(config: ModelConfig) -> tuple[dict[str, int], bool]:
             "n_head": gpt.n_head,
             "vocab_size": gpt.vocab_size,
         }, False
-    from repro.models.hf_causal_lm import model_folder, num_layers, read_config
+    from repro.models.hf_folder import model_folder, num_layers, read_config
 
     hf = read_config(model_folder(config.pretrained))
     shape = {

@@ -20,6 +20,8 @@ from repro.files import write_json_atomic, write_text_atomic
 from repro.runs.provenance import provenance_header
 from repro.stats import mean_interval
 
+from .rows import SOURCE
+
 BROKEN = 0.5  # nats above the source: a conversion this far off is broken, not ranked
 BYTES_PER_ELEMENT = 2  # bf16 cache
 
@@ -49,8 +51,6 @@ def pareto(points: dict[str, tuple[float, float]]) -> set[str]:
 
 
 def write_report(plane, rows, zero_shot, finetuned, accounts, profiles, seconds: float) -> dict[str, Any]:
-    from .run import SOURCE
-
     settings = plane.settings
     contexts = [Path(c).stem for c in plane.contexts]
     primary = contexts[0]

@@ -12,6 +12,8 @@ from repro.alloc.mla_allocation import Split, mla_allocation
 
 from .settings import MLAPlaneSettings
 
+SOURCE = "source (unconverted)"  # the row of the model as it came
+
 
 @dataclass(frozen=True)
 class Row:

@@ -36,7 +36,7 @@ from repro.arguments import Parser
 from repro.experiments.kit.compute_plan import planned_runs, print_plan
 from repro.experiments.kit.scale_args import add_settings_args, parse_experiment_args
 from repro.files import read_json, write_json_atomic
-from repro.models.hf_causal_lm import HFModelError, model_folder, read_config
+from repro.models.hf_folder import HFModelError, model_folder, read_config
 from repro.models.hf_rotary import read_pair_order
 from repro.models.mla_conversion import convert_to_mla, full_rank, plan_widths
 from repro.models.mla_llama import head_dim_of
@@ -45,10 +45,8 @@ from repro.runs.model_config import load_model_config
 from repro.runs.pool import count_progress
 
 from .report import write_report
-from .rows import Row, budget_rows
+from .rows import SOURCE, Row, budget_rows
 from .settings import SCALES, MLAPlaneSettings, load_mla_settings, settings_path
-
-SOURCE = "source (unconverted)"
 
 
 def note(message: str) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 from repro.arguments import NonNegativeInt, Parser, PositiveInt
 from repro.files import read_json
-from repro.models.hf_causal_lm import HFModelError
+from repro.models.hf_folder import HFModelError
 
 SVD_HELP = (
     "how the position-free keys and the values are factorized: 'weights' (the SVD of the stacked "

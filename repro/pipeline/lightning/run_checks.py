@@ -10,7 +10,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from repro.models.hf_causal_lm import HFModelError, model_folder, num_layers, read_config
+from repro.models.hf_folder import HFModelError, model_folder, num_layers, read_config
 
 from ..options import PipelineOptions
 
