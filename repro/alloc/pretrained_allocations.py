@@ -148,6 +148,7 @@ def allocations_markdown(result: dict[str, Any]) -> str:
     for r in result["rows"]:
         name = r["method"] + ("" if r["draw"] is None else f" #{r['draw'] + 1}")
         high = ", ".join(map(str, r["high_layers"])) if r["high_layers"] else "-"
+        high = "all" if len(r["high_layers"]) == len(r["pairs_per_layer"]) else high
         delta = "" if r["delta_vs_reference"] is None else f"{r['delta_vs_reference']:+.4f}"
         ci = "" if r["ci95"] is None else f"{r['ci95'][0]:+.4f} .. {r['ci95'][1]:+.4f}"
         lines.append(
