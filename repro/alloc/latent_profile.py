@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from repro.models.gguf_folder import source_note
+from repro.runs.provenance import provenance_header
 from repro.stats import mean_interval
 
 from .pretrained_profile import layerwise_losses, pretrained_model_and_data, token_mean
@@ -48,6 +49,7 @@ def rank_benefit_profile(
         losses[f"layer {layer} high"] = token_mean(up)
     model.hf.set_active_ranks(None)
     meta: dict[str, Any] = {
+        **provenance_header(),  # commit, time, machine
         "source": str(config_path),
         "converted": str(converted),
         "weights_note": source_note(model.folder),

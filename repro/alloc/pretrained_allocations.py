@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from repro.runs.provenance import provenance_header
 from repro.stats import mean_interval
 
 from .pretrained_profile import pretrained_model_and_data, token_mean
@@ -97,6 +98,7 @@ def evaluate_allocations(
             row["curves"] = curves[name]
         rows.append(row)
     return {
+        **provenance_header(),  # commit, time, machine
         "split": split,
         "chunks": len(full),
         "context": int(datamodule.block_size),
@@ -220,6 +222,7 @@ def evaluate_contexts(
         if progress is not None:
             progress(i + 1, len(contexts))
     return {
+        **provenance_header(),  # commit, time, machine
         "chunk_tokens": chunk,
         "reference": reference,
         "contexts": sorted(contexts),

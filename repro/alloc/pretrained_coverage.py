@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from repro.models.gguf_folder import source_note
+from repro.runs.provenance import provenance_header
 from repro.stats import mean_interval
 
 from .budget import BudgetLevels
@@ -90,6 +91,7 @@ def pretrained_coverage_profile(
     values, intervals = benefits(losses, model.n_layer)
     tokens = sum(n for _, n in losses[BASE])
     meta: dict[str, Any] = {
+        **provenance_header(),  # commit, time, machine
         "source": str(config_path),
         "pretrained": str(model.folder),
         "weights_note": source_note(model.folder),

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from repro.runs import RunSpec
+from repro.runs.provenance import provenance_header
 from repro.stats import mean_interval
 
 from .allocation import bottom_k_layers, random_layers, spaced_layers, top_k_layers
@@ -162,6 +163,7 @@ def _result(
                 }
             )
     return {
+        **provenance_header(),  # commit, time, machine
         "split": split,
         "chunks": len(reference),
         "eval_tokens": sum(n for _, n in reference),

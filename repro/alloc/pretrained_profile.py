@@ -25,6 +25,7 @@ from repro.files import read_yaml
 from repro.lit.checkpoints import pretrained_weights
 from repro.models.gguf_folder import source_note
 from repro.models.hf_causal_lm import HFCausalLM
+from repro.runs.provenance import provenance_header
 from repro.stats import mean_interval
 
 from .profile import LayerProfile
@@ -227,6 +228,7 @@ def measure_pretrained_profile(
             "n_layer": model.n_layer,
         },
         meta={
+            **provenance_header(),  # commit, time, machine
             "source": str(config_path),
             "pretrained": str(model.folder),
             "weights": str(Path(checkpoint).resolve()) if checkpoint is not None else str(model.folder),
