@@ -92,6 +92,7 @@ def evaluate_allocations(
             "mean_coverage": r.get("mean_level"),
             "loss": token_mean(chunks),
             "increase_over_full_rope": token_mean(chunks) - token_mean(full),
+            "chunks": [list(c) for c in chunks],  # (loss, tokens) per test chunk: any other pairing later
         }
         row.update(_paired(chunks, losses[ref_name], name == ref_name, reference))
         if curves is not None:
@@ -105,6 +106,7 @@ def evaluate_allocations(
         "eval_tokens": sum(n for _, n in full),
         "reference": reference,
         "loss_full_rope": token_mean(full),
+        "full_rope_chunks": [list(c) for c in full],
         "full_rope_curves": None if curves is None else curves[FULL],
         "pair_order": "highest frequencies (p-RoPE order)" if order is None else str(order),
         "finetune": None
