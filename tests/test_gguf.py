@@ -1,6 +1,9 @@
-"""GGUF files in (repro gguf; model.pretrained naming a .gguf): a tiny Llama written as GGUF by the
-gguf package's writer, tied and untied, is read by the suite with that Llama's own logits and its
-tokenizer, and round-trips through the Hugging Face folder; bad input is one line."""
+"""GGUF files in and out: a tiny Llama written as GGUF by the suite's writer (``gguf_export``, through
+the gguf package, as llama.cpp's converter lays a Llama out), tied and untied, is read by the suite
+(repro gguf; model.pretrained naming a .gguf) with that Llama's own logits and its tokenizer, and
+round-trips through the Hugging Face folder; a fine-tune's checkpoint goes out as GGUF (repro export
+--gguf: f32 equal, f16 and q8_0 within their rounding, the chat template kept); bad input is one
+line."""
 
 from __future__ import annotations
 
@@ -10,12 +13,12 @@ import pytest
 import torch
 
 pytest.importorskip("gguf")
-from gguf_files import write_llama_gguf
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from repro.data.tokenizer import FileTokenizer
 from repro.lit.gguf_command import main as repro_gguf
 from repro.models import gguf_folder
+from repro.models.gguf_export import write_gguf
 from repro.models.hf_causal_lm import HFCausalLM, HFModelError
 
 
@@ -34,7 +37,9 @@ def tiny(tmp_path_factory, corpus):
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=tied,
         )  # fmt: skip
         model = LlamaForCausalLM(config).eval()
-        path = write_llama_gguf(model, root / "tokenizer.json", root / f"tiny-{tied}.gguf", tokenizer.eos_id)
+        model.save_pretrained(str(root / f"hf-{tied}"))
+        tokenizer.save(root / f"hf-{tied}" / "tokenizer.json")
+        path = write_gguf(root / f"hf-{tied}", root / f"tiny-{tied}.gguf")
         out[tied] = (model, path)
     return tokenizer, out
 
@@ -107,3 +112,58 @@ def test_gguf_bad_input_is_one_line(tmp_path, capsys, monkeypatch, tiny):
     )
     assert "pip install 'repro[gguf]'" in error(str(real), "--out", str(tmp_path / "o"))
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("kind, tolerance", [("f32", 0.0), ("f16", 2e-3), ("q8_0", 3e-2)])
+def test_a_fine_tune_goes_out_as_gguf_and_reads_back_with_its_logits(kind, tolerance, tiny, tmp_path, capsys):
+    """repro export --ckpt --gguf of a fine-tune's weights (changed from the source's), read back by repro
+    gguf: the same logits in f32 (the same floats), within the rounding of f16 and q8_0; the tokenizer's
+    ids and the chat template of the source folder travel; an architecture llama.cpp's Llama is not
+    fails in one line before anything is written."""
+    from gguf import GGUFReader
+
+    from repro.lit.checkpoints import HF_PREFIX
+    from repro.lit.export import main as repro_export
+
+    tokenizer, files = tiny
+    source = files[False][1].parent / "hf-False"
+    (source / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": "{{ messages }}", "eos_token": "<|endoftext|>"})
+    )
+    model = LlamaForCausalLM.from_pretrained(str(source)).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # the fine-tune: other weights than the source's
+            p.add_(0.01 * torch.randn_like(p))
+    ckpt = tmp_path / "tuned.ckpt"
+    torch.save({"hyper_parameters": {"pretrained": str(source)},
+                "state_dict": {HF_PREFIX + k: v for k, v in model.state_dict().items()}}, ckpt)  # fmt: skip
+    out = tmp_path / f"tuned-{kind}.gguf"
+    assert repro_export(["--ckpt", str(ckpt), "--gguf", str(out), "--gguf-type", kind]) == 0
+    fields = GGUFReader(str(out)).fields
+    assert fields["tokenizer.chat_template"].contents() == "{{ messages }}"
+    assert fields["tokenizer.ggml.pre"].contents() == "gpt-2"
+    assert repro_gguf([str(out), "--out", str(tmp_path / "back")]) == 0
+    back = AutoModelForCausalLM.from_pretrained(str(tmp_path / "back")).eval()
+    ids = torch.randint(0, tokenizer.vocab_size, (2, 16), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want, got = model(ids).logits, back(ids).logits
+    worst = float((got - want).abs().max() / want.abs().max())
+    assert torch.equal(got, want) if kind == "f32" else worst < tolerance, (kind, worst)
+    text = "the king and the queen of the castle"
+    assert (
+        AutoTokenizer.from_pretrained(str(tmp_path / "back")).encode(text, add_special_tokens=False)
+        == (tokenizer.encode_batch([text])[0])
+    )
+    if kind == "f32":  # not a llama.cpp Llama: refused before anything is written
+        qwen = tmp_path / "qwen"
+        from transformers import Qwen2Config
+
+        AutoModelForCausalLM.from_config(Qwen2Config(vocab_size=320, hidden_size=32, intermediate_size=64,
+            num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)).save_pretrained(str(qwen))  # fmt: skip
+        torch.save({"hyper_parameters": {"pretrained": str(qwen)}, "state_dict": {HF_PREFIX + "x": torch.zeros(1)}},
+                   tmp_path / "q.ckpt")  # fmt: skip
+        capsys.readouterr()
+        assert repro_export(["--ckpt", str(tmp_path / "q.ckpt"), "--gguf", str(tmp_path / "q.gguf")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "model_type 'qwen2' is not exported" in err[0], err
+        assert not (tmp_path / "q.gguf").exists()
