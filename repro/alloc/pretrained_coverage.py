@@ -162,6 +162,7 @@ def coverage_probe(
         "config": str(config_path),
         "context": int(datamodule.block_size),
         "chunks": n,
+        "chunk_tokens": losses[BASE][0][1],  # tokens of one chunk (its blocks of the context)
         "levels": levels.to_dict(),
         "paired_std": sds,
         "benefit": {name: token_mean(losses[BASE]) - token_mean(losses[name]) for name in sds},

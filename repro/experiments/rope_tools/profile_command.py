@@ -215,7 +215,8 @@ def _pretrained_coverage(args) -> None:
                 f"{name}: benefit {probe['benefit'][name]:+.4f}, paired std {sd:.4f} over {probe['chunks']} chunks"
             )
         print(
-            f"{probe['chunks_needed']} chunks of {probe['context']} tokens give a 95% CI of +-{probe['target']} nats "
+            f"{probe['chunks_needed']} chunks of {probe['chunk_tokens']} tokens (blocks of {probe['context']}) give a "
+            f"95% CI of +-{probe['target']} nats "
             f"(the config's data.max_val_blocks / eval_batch_size sets the chunks)"
         )
         return
