@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -213,6 +214,9 @@ def write_deepseek(converted: str | Path, out: str | Path) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)  # mkdtemp's folder is private; the result is an ordinary folder
     try:
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         doc = deepseek_config(config, widths[0].pairs, widths[0].rank)

@@ -279,6 +279,9 @@ def write_gguf(
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's file is private; the result is an ordinary file
         os.replace(tmp, out)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

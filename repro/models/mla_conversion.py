@@ -228,6 +228,9 @@ def convert_to_mla(
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)  # mkdtemp's folder is private; the result is an ordinary folder
     try:
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         doc = converted_config(config, widths, record or {})
