@@ -167,3 +167,26 @@ def test_a_fine_tune_goes_out_as_gguf_and_reads_back_with_its_logits(kind, toler
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "model_type 'qwen2' is not exported" in err[0], err
         assert not (tmp_path / "q.gguf").exists()
+
+
+def test_compare_runs_llama_cpp_or_says_how_to_get_it(tiny, tmp_path, capsys, monkeypatch):
+    """repro gguf FILE --compare DIR: llama.cpp's logits of a file written from a folder against
+    transformers' of that folder (where llama-cpp-python is installed: equal to float precision in f32);
+    without it, one line naming the package."""
+    import importlib.util
+
+    _, files = tiny
+    path = files[False][1]
+    folder = path.parent / "hf-False"
+    if importlib.util.find_spec("llama_cpp") is not None:
+        assert repro_gguf([str(path), "--compare", str(folder), "--text", "the king and the queen"]) == 0
+        line = capsys.readouterr().out.strip().splitlines()[-1]
+        diff = float(line.split("max |logit difference| ")[1].split()[0])
+        assert diff < 1e-3 and "top-1 agreement 1.000" in line, line
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a)
+    )
+    assert repro_gguf([str(path), "--compare", str(folder)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pip install llama-cpp-python" in err[0], err
