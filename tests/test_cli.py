@@ -66,6 +66,13 @@ def test_fit_then_validate_from_a_config(config, tmp_path, data_cache):
     )
     reval = read_scalars(tmp_path / "logs" / name / "version_1")["val/loss"][0][1]
     assert reval == pytest.approx(val_loss_at_end, rel=1e-5)  # the checkpoint is the trained model
+    assert (
+        tmp_path / "logs" / name / "version_1" / "config.yaml"
+    ).is_file()  # the run's config, in its folder
+    # without a logger there is no run folder: nothing is written where the command runs
+    (tmp_path / "config.yaml").write_text("# the user's own file\n")
+    validate_in_process(["validate", *common[:2], *common[3:], "--trainer.logger=false"], tmp_path)
+    assert (tmp_path / "config.yaml").read_text() == "# the user's own file\n"
 
 
 def test_print_config_shows_per_layer_rope_widths(tmp_path, capsys, monkeypatch):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 from jsonargparse import Namespace
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.strategies import StrategyRegistry
 
@@ -76,8 +76,19 @@ def resumed_version(ckpt_path, save_dir, name: str) -> int | None:
     return int(number) if inside and run.parent == (Path(str(save_dir)) / str(name or "")).resolve() else None
 
 
+class RunConfigFile(SaveConfigCallback):
+    """LightningCLI's ``config.yaml``, written into the run's log directory only: a run without a
+    logger has none, and Lightning's would be the working folder (overwriting a file there)."""
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if not trainer.loggers:
+            return
+        super().setup(trainer, pl_module, stage)
+
+
 class ReproCLI(LightningCLI):
     def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("save_config_callback", RunConfigFile)
         kwargs.setdefault("model_class", GPTLightningModule)
         kwargs.setdefault("datamodule_class", TextDataModule)
         kwargs.setdefault(
