@@ -109,14 +109,7 @@ def evaluate_allocations(
         "full_rope_chunks": [list(c) for c in full],
         "full_rope_curves": None if curves is None else curves[FULL],
         "pair_order": "highest frequencies (p-RoPE order)" if order is None else str(order),
-        "finetune": None
-        if finetune is None
-        else {
-            "config": str(finetune.config),
-            "steps": finetune.steps,
-            "seeds": list(finetune.seeds),
-            "overrides": dict(finetune.overrides or {}),
-        },  # fmt: skip
+        "finetune": None if finetune is None else finetune.record(),
         "rows": rows,
     }
 

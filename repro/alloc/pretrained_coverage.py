@@ -103,15 +103,7 @@ def pretrained_coverage_profile(
         "chunks": len(losses[BASE]),  # the validation batches: the unit of the intervals
         "eval_tokens": tokens,
         "ci95": intervals,  # per layer: 95 % CI of the benefit over the chunks (paired)
-        "finetune": None
-        if finetune is None
-        else {
-            "config": str(finetune.config),
-            "steps": finetune.steps,
-            "seeds": list(finetune.seeds),
-            "overrides": dict(finetune.overrides or {}),
-            "runs_dir": str(finetune.folder),
-        },
+        "finetune": None if finetune is None else finetune.record(),
         "curves": curves,  # fine-tuned: each rotation's validation loss against steps, per seed
         "losses": {name: token_mean(chunks) for name, chunks in losses.items()},
     }

@@ -71,6 +71,16 @@ class Finetune:
         if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every <= 0):
             raise ValueError(f"--finetune-eval-every={every!r}: a positive number of steps")
 
+    def record(self) -> dict[str, Any]:
+        """What a result says of its fine-tunes."""
+        return {
+            "config": str(self.config),
+            "steps": self.steps,
+            "seeds": list(self.seeds),
+            "overrides": dict(self.overrides or {}),
+            "runs_dir": str(self.folder),
+        }
+
 
 def finetune_overrides(steps: int, lr: float | None, batch_size: int | None) -> dict[str, Any]:
     """The overrides of a fine-tune's config the commands set: warm-up over an eighth of the steps,

@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
+
+from repro.files import atomic_folder
 
 from .hf_folder import HFModelError, TensorFiles, model_folder, read_config
 from .mla_llama import MODEL_TYPE, head_dim_of
@@ -211,13 +211,7 @@ def write_deepseek(converted: str | Path, out: str | Path) -> Path:
         if ".self_attn." not in name:
             state[name] = files.get(name).double()
     state = {k: v.float().contiguous() for k, v in state.items()}
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)  # mkdtemp's folder is private; the result is an ordinary folder
-    try:
+    with atomic_folder(out) as tmp:
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         doc = deepseek_config(config, widths[0].pairs, widths[0].rank)
         (tmp / "config.json").write_text(json.dumps(doc, indent=2) + "\n")
@@ -228,13 +222,7 @@ def write_deepseek(converted: str | Path, out: str | Path) -> Path:
                 and not extra.name.startswith("model.safetensors")
             ):
                 shutil.copy(extra, tmp / extra.name)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+    return Path(out)
 
 
 def compare_logits(converted: str | Path, deepseek: str | Path, tokens: int = 128, seed: int = 0) -> dict:

@@ -22,11 +22,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from repro.files import atomic_folder
 
 from .hf_folder import HFModelError, TensorFiles, model_folder, read_config
 from .mla_llama import MODEL_TYPE, head_dim_of
@@ -225,31 +226,14 @@ def convert_to_mla(
     for name in files.files:
         if name not in converted:
             state[name] = files.get(name).float().contiguous()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)  # mkdtemp's folder is private; the result is an ordinary folder
-    try:
+    with atomic_folder(out) as tmp:
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         doc = converted_config(config, widths, record or {})
         (tmp / "config.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
         for extra in folder.iterdir():  # the tokenizer (every file of it) and generation config
             if extra.is_file() and extra.name not in WEIGHT_FILES and not extra.name.endswith(".safetensors"):
                 shutil.copy(extra, tmp / extra.name)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+    return Path(out)
 
 
 def kv_cache_elements(config) -> list[int]:
