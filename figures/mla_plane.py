@@ -29,7 +29,8 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
         panels.append(
             ("finetuned_loss", f"after {doc['finetune']['steps']} fine-tune steps", "pareto_finetuned")
         )
-    fig, axes = plt.subplots(1, len(panels), figsize=(TEXT_WIDTH_IN, 3.0), squeeze=False)
+    curves = [r for r in rows if r.get("finetune_curves")]
+    fig, axes = plt.subplots(1, len(panels) + bool(curves), figsize=(TEXT_WIDTH_IN, 3.0), squeeze=False)
     context = rows[0][f"context@{primary}"]
     for ax, (key, title, front_key) in zip(axes[0], panels):
         shown = [r for r in rows if key in r]
@@ -45,8 +46,31 @@ def main(results: Path = Path("results"), out: Path = Path("figures/out")) -> li
         ax.set_ylabel(f"test loss at {context} tokens (nats)")
         ax.set_title(title)
     handles = [plt.Line2D([], [], marker=m, ls="", color="gray", label=k) for k, m in MARKERS.items()]
-    axes[0][-1].legend(handles=handles, fontsize=5.5, loc="upper right")
-    bar = fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap="viridis"), ax=axes[0].tolist(), shrink=0.85)
+    fig.legend(handles=handles, fontsize=6, loc="outside lower center", ncol=5)
+    bar = fig.colorbar(
+        plt.cm.ScalarMappable(norm=norm, cmap="viridis"), ax=axes[0][: len(panels)].tolist(), shrink=0.85
+    )
+    if curves:  # how far each fine-tune recovered: its validation loss against steps (first seed)
+        ax = axes[0][-1]
+        budgets = sorted({r["budget"] for r in curves if r["method"] != "source"}, reverse=True)
+        shades = dict(
+            zip(
+                budgets,
+                plt.cm.plasma([0.1 + 0.7 * i / max(1, len(budgets) - 1) for i in range(len(budgets))]),
+            )
+        )
+        for r in curves:
+            steps, losses = zip(*r["finetune_curves"][0])
+            kind = r["method"].split(" #")[0]
+            color = "black" if r["method"] == "source" else shades[r["budget"]]
+            ax.plot(steps, losses, marker=MARKERS.get(kind, "o"), ms=3, lw=0.8, color=color,
+                    label="source" if r["method"] == "source" else None)  # fmt: skip
+        for b, c in shades.items():
+            ax.plot([], [], color=c, label=f"budget {b:g}")
+        ax.set_xlabel("fine-tune step")
+        ax.set_ylabel("validation loss (nats)")
+        ax.set_title("recovery during the fine-tune")
+        ax.legend(fontsize=5.5)
     bar.set_label(f"attention FLOPs per token at {context} tokens")
     return save(fig, out, "mla_plane")
 
