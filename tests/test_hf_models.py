@@ -189,6 +189,8 @@ def test_per_head_phase_off_is_the_forward_with_those_heads_rotation_removed(mod
         other = HFCausalLM(str(models[name]))
         with pytest.raises(HFModelError, match=r"per-head phase-off: not defined for model_type"):
             other.set_phase_off_heads({0: [0]})
+    with pytest.raises(HFModelError, match=r"GPT-2 has no rotary phase"):  # a profile of it would be zeros
+        HFCausalLM(str(models["gpt2"])).set_rotary({0: 0.5})
 
 
 def test_repro_profile_phase_off_of_a_pretrained_model_per_layer_and_per_head(

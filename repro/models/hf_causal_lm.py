@@ -253,6 +253,8 @@ class HFCausalLM(nn.Module):
         frequencies, or with ``order`` (a pair-order file or its ``order`` list: per layer, per
         key/value head, pair indices most important first) the first of that order in each head;
         None: every layer as trained."""
+        if fractions and self.family == "gpt2":
+            raise HFModelError("rotary coverage: GPT-2 has no rotary phase (learned positions)")
         if order is not None and fractions:
             self.check_per_head_phase_off("a rotary pair order")
             order = read_pair_order(order, self.n_layer, self.kv_heads, self.head_dim // 2)
