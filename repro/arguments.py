@@ -186,7 +186,8 @@ class Parser(jsonargparse.ArgumentParser):
         missing = re.match(r'expected "(.+)" to be one of \{(.*)\}, but it was not provided', str(message))
         if missing:  # a subcommand not given
             parser = self._locate(missing.group(1))[0]
-            message = f"give one of: {missing.group(2).replace(',', ', ')}"
+            names = list(parser.subparsers) or missing.group(2).split(",")  # jsonargparse's ends in "..."
+            message = f"give one of: {', '.join(name.strip() for name in names)}"
         prog = parser.prog.replace(" [options]", "")
         invalid = re.match(r"argument (\S+): invalid \w+ value: '(.*)'$", str(message))
         action = invalid and parser._option_string_actions.get(invalid.group(1).split("/")[-1])
