@@ -52,6 +52,7 @@ class TimingJob:
     warmup: int
     compile: bool | str = False
     bf16: bool = False
+    pretrained: str | None = None  # a Hugging Face model trained instead of ``cfg``'s GPT
 
 
 def training_flops_per_step(cfg: GPTConfig, batch_size: int, block_size: int) -> float:
@@ -102,7 +103,9 @@ def _timing(path, compiled, device, start, warm, end, steps, tokens) -> StepTimi
 def plain_loop_timing(job: TimingJob) -> StepTiming:
     """The plain loop: forward under bf16 autocast (on CUDA), backward, clip, fused AdamW on CUDA,
     zero_grad. Steps ``warmup`` batches untimed, then times the rest."""
-    cfg, optim, batches, device, warmup, compile, bf16 = astuple_shallow(job)
+    cfg, optim, batches, device, warmup, compile, bf16, pretrained = astuple_shallow(job)
+    if pretrained is not None:
+        raise ValueError("the plain loop times repro GPTs only (not model.pretrained)")
     torch.manual_seed(0)
     module = GPTLightningModule(cfg, optim, compile=compile).to(device)
     optimizer = module.configure_optimizers()["optimizer"]
@@ -152,10 +155,16 @@ class _WindowClock(L.Callback):
 
 def lightning_timing(job: TimingJob) -> StepTiming:
     """The suite's path: GPTLightningModule under a Trainer (no logger, no progress bar, no
-    validation), bf16-mixed on CUDA, clipping 1.0, the module's optimizer."""
-    cfg, optim, batches, device, warmup, compile, bf16 = astuple_shallow(job)
+    validation), bf16-mixed on CUDA, clipping 1.0, the module's optimizer; a pretrained model's
+    module (``HFCausalLMModule``) when the job names one."""
+    cfg, optim, batches, device, warmup, compile, bf16, pretrained = astuple_shallow(job)
     torch.manual_seed(0)
-    module = GPTLightningModule(cfg, optim, compile=compile)
+    if pretrained is not None:
+        from repro.lit.hf_module import HFCausalLMModule
+
+        module = HFCausalLMModule(pretrained, optim, compile=compile)
+    else:
+        module = GPTLightningModule(cfg, optim, compile=compile)
     clock = _WindowClock(warmup, device)
     trainer = make_trainer(
         steps=len(batches),
@@ -190,11 +199,17 @@ class _OnDevice:
 
 def measure_step_time(config_path: str, device: torch.device, warmup: int = 3, timed: int = 5) -> float:
     """Seconds per optimizer step of a model config on ``device``: a few steps of the Lightning
-    path (compiled when the config says so), on synthetic tokens of the config's batch shape."""
+    path (compiled when the config says so), on synthetic tokens of the config's batch shape; a
+    config naming ``model.pretrained`` times that model, not a GPT."""
     from repro.runs.model_config import load_model_config
 
     config = load_model_config(config_path)
-    vocab = int(config.data.get("vocab_size") or 256)
+    if config.is_pretrained:
+        from repro.models.hf_folder import model_folder, read_config
+
+        vocab = int(read_config(model_folder(config.pretrained)).vocab_size)
+    else:
+        vocab = int(config.data.get("vocab_size") or 256)
     batches = synthetic_batches(vocab, config.batch_size, config.block_size, warmup + timed, device)
     compile = config.value("model.compile") or False
     job = TimingJob(
@@ -205,5 +220,6 @@ def measure_step_time(config_path: str, device: torch.device, warmup: int = 3, t
         warmup,
         compile,
         device.type == "cuda",
+        config.pretrained,
     )
     return lightning_timing(job).step_s
