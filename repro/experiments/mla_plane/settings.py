@@ -55,7 +55,9 @@ class MLAPlaneSettings:
     random_draws: PositiveInt = 1
     """random-k draws per budget"""
     finetune_methods: tuple[Literal[ROW_KINDS], ...] = ("uniform (weights)", "uniform", "profiled")
-    """rows (of the main split) fine-tuned at every budget, beside the unconverted model"""
+    """rows (of the main split) fine-tuned at each of ``finetune_budgets``, beside the unconverted model"""
+    finetune_budgets: tuple[PositiveFloat, ...] | None = None
+    """the budgets whose rows are fine-tuned (each one of ``budgets``); null: every budget"""
     finetune_steps: PositiveInt = 100
     """optimizer steps of every fine-tune"""
     finetune_eval_every: PositiveInt = 25
@@ -89,6 +91,9 @@ class MLAPlaneSettings:
         missing = [m for m in self.finetune_methods if m not in self.rows]
         if missing:
             raise ValueError(f"finetune_methods {missing}: not among rows {list(self.rows)}")
+        stray = [b for b in self.finetune_budgets or () if b not in self.budgets]
+        if stray:
+            raise ValueError(f"finetune_budgets {stray}: not among budgets {list(self.budgets)}")
         if len(set(self.seeds)) != len(self.seeds) or not self.seeds:
             raise ValueError(f"seeds={list(self.seeds)}: one or more distinct seeds")
 
