@@ -235,8 +235,8 @@ def test_gpu_check_records_a_failing_part_and_runs_the_next(capsys, tmp_path, mo
         (["table1", "--accelerator", "tpu"], "repro table1: error: --accelerator tpu: allowed 'cpu', 'gpu'"),
         (["clapping", "--seeds", "1", "-2"], "repro clapping: error: --seeds (item 2) -2: must be >= 0"),
         (["data", "prepare", "x", "--out", "y", "--val-fraction", "1"], "--val-fraction 1: must be >= 0 and < 1"),
-        (["profile"], "repro profile: error: give one of: phase-off, nope, allocations, pair-order, coverage, fidelity, "
-         "interactions (see repro profile --help)"),
+        (["profile"], "repro profile: error: give one of: phase-off, nope, allocations, pair-order, coverage, "
+         "fidelity, interactions (see repro profile --help)"),
         (["profile", "nope", "--config", "c"], "repro profile nope: error: the following arguments are required: "
          "--profile, --layers, --out"),
         (["transfer", "--profile", "p", "--target-layers", "x", "--out", "o"], "--target-layers: not a PositiveInt"),
