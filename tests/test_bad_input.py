@@ -251,3 +251,20 @@ def test_every_command_parses_with_one_system_and_refuses_in_one_line(argv, line
         main(argv)
     err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
     assert done.value.code == 2 and len(err) == 1 and line in err[0], err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["account", "--config", "c.yaml", "-v"],
+        ["allocate", "--config", "c.yaml", "--benefit", "b.json", "--budget", "0.5", "--out", "o", "-v"],
+        ["profile", "phase-off", "--config", "c.yaml", "--out", "o", "-v"],
+        ["analyze", "--out", "o", "-v"],
+    ],
+)
+def test_the_rope_tools_take_verbose_after_the_command(argv):
+    """``-v`` sits on every command as typed (it sat on a parser no command reached)."""
+    from repro.arguments import flat
+    from repro.experiments.rope_tools.command_arguments import build_parser
+
+    assert flat(build_parser().parse_args(argv), "command", "profile_kind").verbose is True

@@ -59,7 +59,6 @@ def build_parser() -> argparse.ArgumentParser:
         prog="repro",
         description="The RoPE allocation pipeline: profiles, allocations, transfer, accounting, analysis.",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="show Lightning's own lines too")
     sub = parser.subcommands("command")
 
     prof = sub("profile", help="measure a per-layer profile (phase-off, coverage-benefit, interactions)")
@@ -314,4 +313,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --benefit: the profile read at every evaluation of its runs against its final value",
     )
     an.add_argument("--out", required=True, type=Path, help="output JSON")
+    _verbose_everywhere(parser)
     return parser
+
+
+def _verbose_everywhere(parser: Parser) -> None:
+    """``-v`` on every command as typed (``repro allocate ... -v``): on each leaf subcommand, where
+    the parse reaches it (on the top parser, no command saw it)."""
+    for child in parser.subparsers.values():
+        if child.subparsers:
+            _verbose_everywhere(child)
+        else:
+            child.add_argument("-v", "--verbose", action="store_true", help="show Lightning's own lines too")
