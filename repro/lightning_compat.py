@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import logging
 import os
 import tempfile
 import types
@@ -23,6 +24,7 @@ from lightning.fabric.utilities.optimizer import _optimizers_to_device
 from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher, _WorkerOutput
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from repro.stop import STOP, Stopped
@@ -33,6 +35,7 @@ PRIVATE_IMPORTS = {
     "lightning.fabric.utilities.optimizer": ("_optimizers_to_device",),
     "lightning.pytorch.strategies.launchers.multiprocessing": ("_MultiProcessingLauncher", "_WorkerOutput"),
     "lightning.pytorch.strategies.launchers.subprocess_script": ("_SubprocessScriptLauncher",),
+    "lightning.pytorch.utilities.model_summary.model_summary": ("_format_summary_table",),
 }
 # private attributes read or written on Lightning objects: (what, attribute)
 PRIVATE_ATTRIBUTES = (
@@ -42,6 +45,7 @@ PRIVATE_ATTRIBUTES = (
     ("Trainer.fit_loop.epoch_loop", "_batches_that_stepped"),
     ("Strategy", "_launcher"),
     ("_MultiProcessingLauncher", "_collect_rank_zero_results"),
+    ("ModelSummary", "_max_depth"),
 )
 
 
@@ -163,6 +167,42 @@ class FullModelLauncher(_MultiProcessingLauncher):
         return _WorkerOutput(best_model_path, weights_path, trainer.state, results, extra)
 
 
+class ModelSummary(L.pytorch.callbacks.ModelSummary):
+    """Lightning's model summary without FLOPs where it measured none: it counts them only by running
+    a module's ``example_input_array``, which no module of the suite sets (a pipeline stage could not
+    run it), so its FLOPs column and 'Total FLOPs' line said 0 for every run."""
+
+    @staticmethod
+    def summarize(
+        summary_data, total_parameters, trainable_parameters, model_size, total_training_modes, total_flops,
+        **summarize_kwargs: Any,
+    ) -> None:  # fmt: skip
+        if not total_flops:
+            summary_data = [column for column in summary_data if column[0] != "FLOPs"]
+        table = _format_summary_table(
+            total_parameters,
+            trainable_parameters,
+            model_size,
+            total_training_modes,
+            total_flops,
+            *summary_data,
+        )
+        if not total_flops:
+            table = "\n".join(
+                line for line in table.splitlines() if not line.rstrip().endswith("Total Flops")
+            )
+        logging.getLogger(L.pytorch.callbacks.model_summary.__name__).info("\n" + table)
+
+
+def summary_without_unmeasured_flops(trainer) -> None:
+    """Lightning's own model summary callback on ``trainer`` (plain or rich, not a user's subclass)
+    replaced by :class:`ModelSummary` of the same depth."""
+    lightnings = (L.pytorch.callbacks.ModelSummary, L.pytorch.callbacks.RichModelSummary)
+    for i, callback in enumerate(trainer.callbacks):
+        if type(callback) in lightnings:
+            trainer.callbacks[i] = ModelSummary(max_depth=callback._max_depth)
+
+
 def missing_symbols() -> list[str]:
     """The private Lightning names this module relies on that the installed Lightning lacks."""
     missing = []
@@ -183,6 +223,7 @@ def missing_symbols() -> list[str]:
         "Trainer.fit_loop.epoch_loop": trainer.fit_loop.epoch_loop,
         "Strategy": trainer.strategy,
         "_MultiProcessingLauncher": _MultiProcessingLauncher,
+        "ModelSummary": L.pytorch.callbacks.ModelSummary(),
     }
     missing += [f"{what}.{attr}" for what, attr in PRIVATE_ATTRIBUTES if not hasattr(owners[what], attr)]
     return missing

@@ -183,6 +183,22 @@ def test_the_private_lightning_symbols_the_compat_module_needs_exist():
     assert compat.missing_symbols() == [], "Lightning moved these; update repro/lightning_compat.py"
 
 
+def test_the_model_summary_prints_no_flops_line_it_did_not_measure(caplog):
+    """Lightning's summary says 'Total Flops' 0 for any module without an example input (every module
+    of the suite); the suite's summary leaves that line out and keeps it where a count exists."""
+    import logging
+
+    from repro import lightning_compat as compat
+
+    with caplog.at_level(logging.INFO):
+        for flops in (0, 1234):
+            columns = [(" ", ["0"]), ("Name", ["gpt"]), ("FLOPs", [str(flops)])]
+            compat.ModelSummary.summarize(columns, 10, 10, 0.0, {"train": 1, "eval": 0}, flops)
+    unmeasured, measured = caplog.messages
+    assert "Total params" in unmeasured and "Flops" not in unmeasured and "FLOPs" not in unmeasured
+    assert "Total Flops" in measured and "1.2 K" in measured and "FLOPs" in measured
+
+
 def test_no_module_is_much_longer_than_300_lines():
     long = {
         str(p.relative_to(REPO_ROOT)): n

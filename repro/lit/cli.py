@@ -26,6 +26,7 @@ from lightning.pytorch.strategies import StrategyRegistry
 from repro.arguments import one_line
 from repro.data import TextDataModule
 from repro.data.datamodule import ExistingPath
+from repro.lightning_compat import summary_without_unmeasured_flops
 from repro.models import GPTConfig
 from repro.models.deferred_init import deferred_init
 from repro.models.hf_folder import HFModelError, model_folder
@@ -211,6 +212,7 @@ class ReproCLI(LightningCLI):
         trainer = super().instantiate_trainer(**{**self._default_trainer_kwargs(), **kwargs})
         if self.subcommand == "fit" and not any(isinstance(c, FinalCheckpoint) for c in trainer.callbacks):
             trainer.callbacks.append(FinalCheckpoint())
+        summary_without_unmeasured_flops(trainer)  # Lightning's said 'Total Flops: 0' for every run
         bar = (
             trainer.progress_bar_callback
         )  # Lightning's default bar, counting steps where steps bound the run
