@@ -92,9 +92,6 @@ class StopRequest:
                 if child.pid is not None:
                     os.kill(child.pid, signal.SIGTERM)
 
-    def requested(self) -> bool:
-        return self.signum is not None
-
     def stop_after(self, signum: int, step: int) -> Stopped:
         """The stop agreed at a step boundary (one process's own signal, or the signal a pipeline's
         ranks agreed on): the first agreement stands."""

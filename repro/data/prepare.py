@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -238,7 +238,3 @@ def count_documents(resolved: ResolvedSource, settings: PrepareSettings) -> int 
     if count is not None and settings.max_documents is not None:
         count = min(count, settings.max_documents)
     return count
-
-
-def settings_dict(settings: PrepareSettings) -> dict[str, Any]:
-    return asdict(settings)

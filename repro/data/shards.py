@@ -20,8 +20,6 @@ from pathlib import Path
 
 import numpy as np
 
-from repro.files import write_atomic
-
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
 # (magic, version) of each token dtype, as llm.c writes them
@@ -64,11 +62,6 @@ def shard_header(num_tokens: int, dtype: np.dtype) -> bytes:
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:3] = (magic, version, num_tokens)
     return header.tobytes()
-
-
-def write_shard(path: str | os.PathLike, tokens: np.ndarray, dtype: np.dtype) -> None:
-    """Write a shard atomically (a reader sees no file or the whole file)."""
-    write_atomic(path, encode_shard(tokens, dtype))
 
 
 @dataclass(frozen=True)

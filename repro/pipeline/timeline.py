@@ -74,8 +74,3 @@ class _NoTimeline(Timeline):
 
 
 NO_TIMELINE = _NoTimeline()
-
-
-def merge_traces(traces: list[dict[str, Any]]) -> dict[str, Any]:
-    """One trace of several ranks' traces (each rank a process of its own)."""
-    return {"traceEvents": [e for t in traces for e in t["traceEvents"]], "displayTimeUnit": "ms"}

@@ -247,7 +247,3 @@ def _train_in_workers(
         raise RuntimeError(
             f"{len(failures)} run(s) failed (the others finished and are kept): " + "; ".join(failures)
         )
-
-
-def default_workers() -> int:
-    return max(1, min(2, os.cpu_count() or 1))

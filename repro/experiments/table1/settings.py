@@ -10,7 +10,7 @@ workers.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from repro.alloc.allocation import BUDGET_MATCHED
@@ -113,9 +113,6 @@ class Table1Settings:
     def eval_interval(self) -> int:
         """The validation interval of a row run (capped at its steps)."""
         return min(self.eval_every, self.steps)
-
-    def with_overrides(self, **overrides: Any) -> Table1Settings:
-        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
