@@ -13,8 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import TABLE1_COLORS, TEXT_WIDTH_IN, _load_result, method_of, plt, save, style
 
 COMMAND = (
-    "repro profile allocations --config paper_configs/models/real/smollm2.yaml --allocation ... "
-    "--contexts 256 512 1024 2048 4096 8192 --out results/real/contexts.json"
+    "repro profile allocations --config paper_configs/models/real/smollm2.yaml --allocation "
+    "results/real/alloc_ctx256.json --contexts 256 2048 8192 --out results/real/contexts.json"
 )
 
 
