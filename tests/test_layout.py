@@ -183,18 +183,28 @@ def test_the_private_lightning_symbols_the_compat_module_needs_exist():
     assert compat.missing_symbols() == [], "Lightning moved these; update repro/lightning_compat.py"
 
 
-def test_the_model_summary_prints_no_flops_line_it_did_not_measure(caplog):
+def test_the_model_summary_prints_no_flops_line_it_did_not_measure():
     """Lightning's summary says 'Total Flops' 0 for any module without an example input (every module
     of the suite); the suite's summary leaves that line out and keeps it where a count exists."""
     import logging
 
     from repro import lightning_compat as compat
 
-    with caplog.at_level(logging.INFO):
+    messages: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = logging.getLogger("lightning.pytorch.callbacks.model_summary")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)  # other tests quiet Lightning's loggers
+    try:
         for flops in (0, 1234):
             columns = [(" ", ["0"]), ("Name", ["gpt"]), ("FLOPs", [str(flops)])]
             compat.ModelSummary.summarize(columns, 10, 10, 0.0, {"train": 1, "eval": 0}, flops)
-    unmeasured, measured = caplog.messages
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    unmeasured, measured = messages
     assert "Total params" in unmeasured and "Flops" not in unmeasured and "FLOPs" not in unmeasured
     assert "Total Flops" in measured and "1.2 K" in measured and "FLOPs" in measured
 
