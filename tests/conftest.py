@@ -15,6 +15,18 @@ MODELS = CONFIGS / "models"  # model configs per scale
 EXPERIMENTS = CONFIGS / "experiments"  # experiment settings per scale
 
 
+def figure_script(name: str):
+    """The module of ``figures/<name>.py`` (the figure scripts import their siblings by name)."""
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(REPO_ROOT / "figures"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(REPO_ROOT / "figures"))
+
+
 @pytest.fixture(autouse=True)
 def _few_threads():
     # The machine has 2 cores; keep each test on them without oversubscription.

@@ -5,9 +5,7 @@ figures."""
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 
 import pytest
 import torch
@@ -21,7 +19,7 @@ from repro.models import GPTConfig
 from repro.pipeline.compressors import build_compressor
 from repro.runs.store import RunResult, checkpoint_path
 
-from conftest import EXPERIMENTS, MODELS, REPO_ROOT
+from conftest import EXPERIMENTS, MODELS, figure_script
 
 SMOKE = EXPERIMENTS / "clapping" / "smoke.yaml"
 pytestmark = pytest.mark.slow
@@ -217,9 +215,8 @@ def test_a_second_call_trains_nothing_and_writes_the_same_table(smoke, data_cach
 
 def test_each_clapping_figure_is_drawn_from_the_smoke_results(smoke, tmp_path):
     _, _, out = smoke
-    sys.path.insert(0, str(REPO_ROOT / "figures"))
     for name in ("clapping_curves", "clapping_memory", "clapping_p", "clapping_time"):
-        files = importlib.import_module(name).main(out.parent, tmp_path / "figs")
+        files = figure_script(name).main(out.parent, tmp_path / "figs")
         assert [f.suffix for f in files] == [".png", ".pdf"] and all(f.stat().st_size > 1000 for f in files)
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,8 @@ from transformers import (
 
 from repro.data.tokenizer import FileTokenizer
 from repro.models.hf_causal_lm import HFCausalLM, HFModelError
-from repro.paths import REPO_ROOT
+
+from conftest import figure_script
 
 VOCAB = 320
 CONFIGS = {
@@ -287,12 +287,7 @@ def test_repro_profile_phase_off_of_a_pretrained_model_per_layer_and_per_head(
     (tmp_path / "results" / "real").mkdir(parents=True)
     shutil.copy(out, tmp_path / "results" / "real" / "phase_off.json")
     shutil.copy(tmp_path / "nope.json", tmp_path / "results" / "real" / "nope.json")
-    sys.path.insert(0, str(REPO_ROOT / "figures"))
-    try:
-        import real_profile
-    finally:
-        sys.path.remove(str(REPO_ROOT / "figures"))
-    drawn = real_profile.main(tmp_path / "results", tmp_path / "figures")
+    drawn = figure_script("real_profile").main(tmp_path / "results", tmp_path / "figures")
     assert [p.name for p in drawn] == ["real_profile.png", "real_profile.pdf"]
 
     repro("fit", "--config", str(tmp_path / "hf.yaml"))

@@ -373,18 +373,12 @@ def test_repro_mla_plane_allocates_each_budget_per_layer_and_resumes(hf_config, 
     assert any(r["pareto_zero_shot"] for r in table["rows"])
     # make figures draws the plane (bytes, loss, FLOPs, the front; the recovery curves) from this table
     import shutil
-    import sys
 
-    from repro.paths import REPO_ROOT
+    from conftest import figure_script
 
     (tmp_path / "results" / "mla_plane").mkdir(parents=True)
     shutil.copy(tmp_path / "plane" / "mla_plane.json", tmp_path / "results" / "mla_plane" / "mla_plane.json")
-    sys.path.insert(0, str(REPO_ROOT / "figures"))
-    try:
-        import mla_plane
-    finally:
-        sys.path.remove(str(REPO_ROOT / "figures"))
-    drawn = mla_plane.main(tmp_path / "results", tmp_path / "fig")
+    drawn = figure_script("mla_plane").main(tmp_path / "results", tmp_path / "fig")
     assert [p.name for p in drawn] == ["mla_plane.png", "mla_plane.pdf"]
     stamp = {
         p: p.stat().st_mtime for p in (tmp_path / "plane").rglob("*") if p.suffix in (".ckpt", ".safetensors")
