@@ -222,7 +222,7 @@ def run(
     started = time.perf_counter()
     if plan:  # the fine-tunes are the cost; the conversions and evaluations are minutes
         folders = {SOURCE: plane.source}
-        for b in settings.finetune_budgets or settings.budgets:
+        for b in settings.tuned_budgets:
             for kind in settings.finetune_methods:
                 folders[f"B{b:g} {kind}"] = f"{settings.out}/models/<{kind}>"
         runs = planned_runs(list(plane.finetune_specs(folders).values()), 1)
@@ -248,7 +248,7 @@ def run(
         for r in rows
         if r.kind in settings.finetune_methods
         and r.split == plane.splits[r.budget][0]
-        and r.budget in (settings.finetune_budgets or settings.budgets)
+        and r.budget in settings.tuned_budgets
     ]
     specs = plane.finetune_specs({SOURCE: plane.source} | {n: folders[n] for n in tuned_names})
     finetuned = plane.finetuned(specs) if specs else {}

@@ -97,6 +97,11 @@ class MLAPlaneSettings:
         if len(set(self.seeds)) != len(self.seeds) or not self.seeds:
             raise ValueError(f"seeds={list(self.seeds)}: one or more distinct seeds")
 
+    @property
+    def tuned_budgets(self) -> tuple[float, ...]:
+        """The budgets whose rows are fine-tuned (``finetune_budgets``, or every budget)."""
+        return tuple(self.finetune_budgets or self.budgets)
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
