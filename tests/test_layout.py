@@ -235,6 +235,35 @@ def test_the_readme_is_a_landing_page_whose_links_exist():
     assert not missing, missing
 
 
+def test_the_readmes_first_screen_shows_a_figure_the_two_commands_and_the_results_and_no_block_is_long():
+    """The first 50 lines: a figure, `make reproduce-table1 SCALE=smoke` and `make test`, and the head
+    of the results table; below, no paragraph or bullet over six lines, no prose line over 200."""
+    lines = README.splitlines()
+    first = "\n".join(lines[:50])
+    assert "![" in first, "the README's first screen shows no figure"
+    assert "make reproduce-table1 SCALE=smoke" in first and "\nmake test " in first
+    assert re.search(r"^\| claim \| verdict \|", first, re.M), "no results table on the first screen"
+    blocks, block, fenced = [], [], False
+    for line in lines:
+        if line.startswith("```"):
+            fenced = not fenced
+            continue
+        prose = not fenced and line.strip() and not line.startswith(("|", "#", "![", "*`"))
+        if prose and block and line.startswith("- "):  # a new bullet ends the one above it
+            blocks.append(block)
+            block = []
+        if prose:
+            block.append(line)
+        elif block:
+            blocks.append(block)
+            block = []
+    blocks.append(block)
+    long_blocks = [b[0][:60] for b in blocks if len(b) > 6]
+    assert not long_blocks, f"README paragraphs or bullets over six lines: {long_blocks}"
+    wide = [line[:60] for b in blocks for line in b if len(line) > 200]
+    assert not wide, f"README prose lines over 200 characters: {wide}"
+
+
 def test_every_embedded_figure_exists_is_small_and_its_caption_names_a_command():
     """An image in the README or docs is a committed PNG under docs/figures/ (under 200 KB), and the
     line under it is a caption naming the command (in backticks) and the commit of its results."""
