@@ -132,6 +132,53 @@ def test_placement_v_puts_the_first_part_beside_the_last_with_one_copy_of_a_tied
         check_same_pipeline(written, 3, [1, 1, 1], "a.ckpt", "v")
 
 
+def test_placement_auto_takes_v_exactly_when_the_tied_sum_would_send_more_and_resumes_as_written(tmp_path):
+    """auto: 'v' when both ends' tied-gradient payloads exceed the first part's output and gradient
+    a step (their compressors' payloads), 'linear' otherwise, untied, on one stage or unpriced; a
+    resumed run keeps the placement its checkpoint was written with."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from repro.lit.stages import GPTStages
+    from repro.models import GPTConfig
+    from repro.models.gpt import GPT
+    from repro.pipeline.auto_placement import choose_placement
+    from repro.pipeline.compressors import build_compressor
+    from repro.pipeline.lightning.seams import resolve_placement
+
+    exact, q4, q8 = (build_compressor(s) for s in ("identity", "quant(4)", "quant(8)"))
+
+    def parts(vocab, tie=True):
+        cfg = GPTConfig(n_layer=2, n_embd=32, n_head=2, rope_dims=[8, 8], vocab_size=vocab, block_size=32)
+        return GPTStages(GPT(replace(cfg, tie_embeddings=tie))).parts()
+
+    def choose(p, stages=2, shape=(8, 32), fwd=exact, bwd=exact, tied=exact):
+        return choose_placement(p, stages, 4, shape, fwd, bwd, tied)
+
+    # exact messages: the sum sends 2 x vocab x 32 x 4 B, v 2 x 8 x 32 x 32 x 4 B (65.5 kB): break-even at 256
+    assert choose(parts(64)).placement == "linear" and choose(parts(1024)).placement == "v"
+    line = choose(parts(1024)).line()
+    assert line.startswith("[clapping] placement auto: v (") and "0.262 MB" in line and "0.0655 MB" in line
+    assert choose(parts(64), fwd=q4, bwd=q8).placement == "v"  # compressed boundaries make v cheap
+    assert choose(parts(1024), tied=q8, fwd=exact).placement == "v"
+    assert choose(parts(256), tied=q8).placement == "linear"  # a compressed sum: linear again
+    assert choose(parts(1024), stages=1).placement == "linear"
+    assert choose(parts(1024, tie=False)).why == "no weight is tied between the first and the last part"
+    unpriced = choose(parts(1024), shape=None)
+    assert unpriced.placement == "linear" and "the batch shape is not known" in unpriced.why
+    # resuming: the checkpoint's placement, whatever the rule would say now
+    ckpt = tmp_path / "a.ckpt"
+    torch.save({"clapping": {"options": {"placement": "v"}}}, ckpt)
+    strategy = SimpleNamespace(options=PipelineOptions(), num_stages=2)
+    assert strategy.options.placement == "auto"
+    placement, why = resolve_placement(strategy, SimpleNamespace(ckpt_path=str(ckpt)), parts(64))
+    assert (placement, why) == ("v", "[clapping] placement auto: v (as the checkpoint was written)")
+    dm = SimpleNamespace(batch_size=8, block_size=32)
+    assert (
+        resolve_placement(strategy, SimpleNamespace(ckpt_path=None, datamodule=dm), parts(64))[0] == "linear"
+    )
+
+
 def test_layers_are_split_evenly_or_as_listed_and_bad_splits_fail():
     assert layers_per_stage(6, 4) == [2, 2, 1, 1]
     assert layers_per_stage(4, 4) == [1, 1, 1, 1]
@@ -286,7 +333,7 @@ def test_aqsgd_sends_exact_while_warming_up_then_deltas_against_each_samples_buf
         ({"extra_warmup": 2}, "applies to schedule='1f1b'"),
         ({"method": "aqsgd", "aqsgd_storage": "memmap"}, "aqsgd_dir"),
         ({"bandwidth_mbps": -1}, "bandwidth_mbps"),
-        ({"placement": "ring"}, "placement='ring': allowed values are ('linear', 'v')"),
+        ({"placement": "ring"}, "placement='ring': allowed values are ('auto', 'linear', 'v')"),
         ({"placement": "v", "stages": 1}, "needs stages >= 2"),
     ],
 )

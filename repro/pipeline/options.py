@@ -24,7 +24,7 @@ NONFINITE = ("raise", "skip")  # what a step with a NaN or inf message or loss d
 BACKENDS = (None, "gloo", "nccl")
 START_METHODS = ("popen", "spawn", "fork")
 Schedule = Literal[SCHEDULES]  # the choices as types (the tuples stay their one owner)
-Placement = Literal[PLACEMENTS]
+Placement = Literal[("auto", *PLACEMENTS)]  # auto: auto_placement.py chooses one at setup
 Method = Literal[METHODS]
 Storage = Literal[SAMPLE_STORAGE]
 Nonfinite = Literal[NONFINITE]
@@ -44,8 +44,8 @@ class PipelineOptions:
     """'gpipe' (all forwards, then all backwards) or '1f1b'"""
     extra_warmup: NonNegativeInt = 0
     """1f1b: forwards each stage runs ahead of 1F1B's K - 1 - k (slow links; memory)"""
-    placement: Placement = "linear"
-    """'linear' or 'v' (the first part, a token embedding, on the last stage)"""
+    placement: Placement = "auto"
+    """'linear', 'v' (a token embedding on the last stage) or 'auto' (v when it sends fewer bytes)"""
     method: Method = "none"
     """none | direct | ef21 | aqsgd | clapping_fc | clapping_fu"""
     fwd_compressor: str = "identity"

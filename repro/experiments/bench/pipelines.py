@@ -92,6 +92,7 @@ def run_strategy(s: BenchSettings, run: NetworkRun, start_method: str, seed: int
         fwd_compressor=run.fwd_compressor,
         bwd_compressor=run.bwd_compressor,
         p=run.p,
+        placement=run.placement,  # as the row says (linear unless named), not the strategy's auto
         sampler_seed=seed,
         start_method=start_method,
         timeout_s=300,

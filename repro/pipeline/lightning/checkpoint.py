@@ -5,8 +5,10 @@ state (method buffers of every rank, the sampler's step, byte totals, options)."
 from __future__ import annotations
 
 from collections import OrderedDict
+from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from repro import lightning_compat as compat
@@ -45,10 +47,24 @@ def pipeline_state(strategy, with_sample_rows: bool) -> dict[str, Any] | None:
     return {
         "num_stages": strategy.num_stages,
         "layers_per_stage": strategy.split.counts if strategy.split else None,
-        "options": strategy.options.as_dict(),
+        "options": {**strategy.options.as_dict(), "placement": placement_of(strategy)},  # auto's choice
         **strategy.state.state_dict(),  # steps_done, sampler, totals
         "codecs": gathered,
     }
+
+
+def placement_of(strategy) -> str:
+    """The placement the run has (``auto`` resolved once the stages are split)."""
+    return strategy.split.placement if strategy.split is not None else strategy.options.placement
+
+
+def written_placement(path) -> str | None:
+    """The placement a pipeline checkpoint was written with (``placement: auto`` resumes under it);
+    None when ``path`` is no local file or holds no pipeline state."""
+    if path is None or not Path(path).is_file():
+        return None
+    state = torch.load(path, map_location="cpu", mmap=True, weights_only=False).get("clapping")
+    return state.get("options", {}).get("placement", "linear") if state else None
 
 
 def check_same_pipeline(
@@ -92,7 +108,7 @@ def restore_pipeline_state(strategy, ckpt: dict[str, Any], path) -> None:
     if state is None:
         return
     counts = strategy.split.counts if strategy.split else None
-    check_same_pipeline(state, strategy.num_stages, counts, path, strategy.options.placement)
+    check_same_pipeline(state, strategy.num_stages, counts, path, placement_of(strategy))
     codecs = dict(state["codecs"][strategy.global_rank]) if state.get("codecs") else {}
     tied = codecs.pop(TIED, None)
     if tied is not None and strategy.tied is not None:

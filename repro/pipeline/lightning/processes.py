@@ -123,7 +123,7 @@ class StageProcesses(ParallelStrategy):
                 if backend != "gloo"
                 else dist.group.WORLD,
             }
-            if self.options.placement == "v":
+            if self.options.placement in ("v", "auto"):  # auto: decided at setup, from the model
                 for name in ("wrap_fwd", "wrap_bwd"):
                     self._groups[name] = dist.new_group(backend=backend, timeout=timeout)
         except (RuntimeError, TimeoutError) as exc:  # gloo's and the store's errors are many lines

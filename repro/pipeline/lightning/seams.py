@@ -3,7 +3,8 @@ error at the check, not a feature silently switched off):
 
 - a LightningModule that ``RecordsEvalLoss`` gets the pipeline's evaluation losses through its own
   metric (the suite's modules do); any other one gets ``<split>/loss`` logged;
-- a datamodule that ``HasShuffleSeed`` seeds the pipeline's sampler (unless ``sampler_seed`` is set);
+- a datamodule that ``HasShuffleSeed`` seeds the pipeline's sampler (unless ``sampler_seed`` is set),
+  and one that ``HasBatchShape`` prices ``placement: auto`` before the first batch;
 - a strategy that ``ReportsPipeline`` (``ClappingStrategy``) brings its statistics up to date and
   summarises a run for the engine's result files;
 - a LightningModule's own ``training_step``, ``validation_step`` and ``test_step`` do not run under
@@ -18,6 +19,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import lightning as L
 import torch
+
+from repro.pipeline.auto_placement import choose_placement
+
+from .checkpoint import written_placement
 
 STEPS = ("training_step", "validation_step", "test_step")
 
@@ -54,3 +59,27 @@ def steps_not_run(module: L.LightningModule) -> str | None:
         f"loss with {cls.__name__}.pipeline_stages()'s loss() and logs train/loss, val/loss, test/loss itself; "
         f"set pipeline_replaces_steps = True on {cls.__name__} once they compute the same (docs/strategy.md)"
     )
+
+
+@runtime_checkable
+class HasBatchShape(Protocol):
+    batch_size: int
+    block_size: int
+
+
+def resolve_placement(strategy: Any, trainer: L.Trainer, parts: Any) -> tuple[str, str | None]:
+    """The strategy's placement, and for ``auto`` the line that says which and why: a resumed run
+    keeps its checkpoint's; otherwise :func:`~repro.pipeline.auto_placement.choose_placement` prices
+    both from a datamodule that ``HasBatchShape`` (its batch and block size: the shape of every step)."""
+    options = strategy.options
+    if options.placement != "auto":
+        return options.placement, None
+    written = written_placement(getattr(trainer, "ckpt_path", None))
+    if written is not None:
+        return written, f"[clapping] placement auto: {written} (as the checkpoint was written)"
+    dm = getattr(trainer, "datamodule", None)
+    shape = (int(dm.batch_size), int(dm.block_size)) if isinstance(dm, HasBatchShape) else None
+    choice = choose_placement(
+        parts, strategy.num_stages, options.micro_batches, shape, options.fwd, options.bwd, options.tied
+    )
+    return choice.placement, choice.line()

@@ -51,7 +51,7 @@ from .checkpoint import PipelineCheckpoints
 from .evaluation import PipelineEvaluation
 from .loader import check_reuse, training_loader
 from .processes import StageProcesses
-from .seams import steps_not_run
+from .seams import resolve_placement, steps_not_run
 from .state import PipelineState
 from .step_report import (
     StatWindow,
@@ -154,11 +154,11 @@ class ClappingStrategy(PipelineCheckpoints, PipelineEvaluation, StageProcesses):
                 f"scaler across stages); use '32-true', 'bf16-mixed' or 'bf16-true'"
             )
         parts = self.adapter.parts()
-        K = self.num_stages
-        counts = layers_per_stage(len(parts.layers), K, self.options.layers_per_stage)
-        self.split = StageSplit(self.global_rank, self.num_stages, counts, parts, self.options.placement)
+        counts = layers_per_stage(len(parts.layers), self.num_stages, self.options.layers_per_stage)
+        placement, why = resolve_placement(self, trainer, parts)  # auto: which, and why, said at start
+        self.split = StageSplit(self.global_rank, self.num_stages, counts, parts, placement)
         if self.global_rank == 0:  # Lightning's model summary sees rank 0's stage only; the steps not run
-            rank_zero_info("\n".join(filter(None, (parameters_line(self.split), steps_not_run(module)))))
+            rank_zero_info("\n".join(filter(None, (why, parameters_line(self.split), steps_not_run(module)))))
         if isinstance(self.adapter, MaterializesStages):  # read this stage's weights only
             self.adapter.materialize(self.split.modules_of(self.global_rank))
         self.local = keep_local_parts(module, self.split)
