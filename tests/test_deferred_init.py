@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
+from repro.deferred_init import InitTrace, deferred_init
 from repro.lit.stages import GPTStages
 from repro.models import GPTConfig
-from repro.models.deferred_init import InitTrace, deferred_init
 from repro.models.gpt import GPT
 from repro.pipeline.stage_parts import StageSplit, layers_per_stage
 

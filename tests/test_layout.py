@@ -31,6 +31,7 @@ LAYERS = [
         "repro.arguments",
         "repro.stop",
         "repro.compile_option",
+        "repro.deferred_init",
         "repro.network",
         "repro.cores",
     },
@@ -143,6 +144,19 @@ def test_imports_point_down_the_layers():
                 continue
             wrong.append(f"{path.relative_to(REPO_ROOT)}:{line} ({prefix}) imports {target} ({t_prefix})")
     assert not wrong, "imports that point up or sideways:\n" + "\n".join(wrong)
+
+
+def test_the_pipeline_knows_no_model():
+    """Nothing under repro.pipeline (its Lightning strategy included) imports repro.models or repro.lit:
+    a model reaches the pipeline only through its stage adapter and its LightningModule's hooks."""
+    wrong = [
+        f"{path.relative_to(REPO_ROOT)}:{line} imports {target}"
+        for name, path in MODULES.items()
+        if name.startswith("repro.pipeline")
+        for target, line in imports_of(path)
+        if target.startswith(("repro.models", "repro.lit"))
+    ]
+    assert not wrong, wrong
 
 
 def test_experiments_never_import_each_other():

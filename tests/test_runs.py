@@ -137,7 +137,7 @@ def test_a_pipeline_run_whose_stages_draw_their_own_weights_is_the_run_of_a_mode
     """The engine builds a pipeline run's GPT on meta and each rank draws only its stage's seed-built
     weights: the losses and final weights are bitwise those of the same run with the model built
     whole in the launching process (as it was before)."""
-    from repro.models.deferred_init import deferring
+    from repro.deferred_init import deferring
     from repro.models.gpt import GPT
 
     built = GPT.build.__func__

@@ -26,9 +26,9 @@ from lightning.pytorch.strategies import StrategyRegistry
 from repro.arguments import one_line
 from repro.data import TextDataModule
 from repro.data.datamodule import ExistingPath
+from repro.deferred_init import deferred_init
 from repro.lightning_compat import summary_without_unmeasured_flops
 from repro.models import GPTConfig
-from repro.models.deferred_init import deferred_init
 from repro.models.hf_folder import HFModelError, model_folder
 
 from .callbacks import FinalCheckpoint, counting_steps
@@ -173,11 +173,11 @@ class ReproCLI(LightningCLI):
             out["enable_checkpointing"] = False
         return out
 
-    @staticmethod
-    def _check_strategy_config(config) -> None:
+    def _check_strategy_config(self, config) -> None:
         """A strategy class may check the run's config before any of its processes starts: its
-        ``check_config(config, options)`` (the pipeline's: a layer per stage, micro-batches, the
-        launcher's processes). The class is found from the config (a registered name or a
+        ``check_config(config, options, model_layers)`` (the pipeline's: a layer per stage,
+        micro-batches, the launcher's processes), the layers as the module class says
+        (``config_layers``). The class is found from the config (a registered name or a
         class_path), never by matching its name."""
         trainer = config.get("trainer") or {}
         strategy = trainer.get("strategy")
@@ -196,7 +196,7 @@ class ReproCLI(LightningCLI):
         check = getattr(cls, "check_config", None)
         if callable(check):
             try:
-                check(config, options)
+                check(config, options, self.model_class.config_layers(config.get("model") or {}))
             except ValueError as exc:
                 raise ConfigError(one_line(exc)) from None
 
@@ -224,7 +224,7 @@ class ReproCLI(LightningCLI):
         """Build the data, model and trainer; a value that a class refuses is a one-line error. The
         suite's GPT is built on meta (its weights drawn later, bit for bit those of a build here, and
         the random state after it the same): the module's ``configure_model`` draws it whole, or,
-        under a strategy whose ``tensor_init_context`` defers (the pipeline's), each rank its own stage."""
+        under a strategy whose ``model_sharded_context`` defers (the pipeline's), each rank its own stage."""
         try:
             with deferred_init():
                 super().instantiate_classes()

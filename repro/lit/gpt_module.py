@@ -25,8 +25,8 @@ from repro.arguments import (
     check_fields,
 )
 from repro.compile_option import check_compile_backend
+from repro.deferred_init import deferring
 from repro.models import GPTConfig
-from repro.models.deferred_init import deferring
 from repro.models.gpt import GPT
 
 from .checkpoints import check_checkpoint_matches, read_checkpoint
@@ -176,7 +176,7 @@ class GPTLightningModule(L.LightningModule):
             self.load_weights(self.init_checkpoint)
 
     def configure_model(self) -> None:
-        """Lightning's hook, run inside the strategy's ``tensor_init_context()``. A strategy that
+        """Lightning's hook, run inside the strategy's ``model_sharded_context()``. A strategy that
         builds a model's parts on their own processes (the pipeline's) defers there, and each rank
         materializes only its own stage; any other has the whole model drawn (or its checkpoint's
         weights copied) here, on the CPU as it was built: the strategy moves and casts it."""
@@ -187,6 +187,16 @@ class GPTLightningModule(L.LightningModule):
     def pipeline_stages(self) -> GPTStages:
         """The model cut into pipeline stages (embedding, blocks, final norm and head)."""
         return GPTStages(self.model)
+
+    @staticmethod
+    def config_layers(model: dict) -> tuple[int | None, str]:
+        """The layers a config's ``model`` section builds and the field that sets them (what the
+        pipeline strategy checks a stage per process against, before any process starts)."""
+        gpt = model.get("gpt")
+        if gpt is None:
+            return None, ""
+        fields = dict(gpt.as_dict() if hasattr(gpt, "as_dict") else gpt)
+        return fields.get("n_layer"), "model.gpt.n_layer"
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """A state dict into a model still on meta (the launching process of a pipeline, whose ranks

@@ -15,8 +15,9 @@ from typing import Literal
 import lightning as L
 from torchmetrics import MeanMetric
 
-from repro.models.deferred_init import deferring
+from repro.deferred_init import deferring
 from repro.models.hf_causal_lm import HFCausalLM, HFModelError
+from repro.models.hf_folder import model_folder, num_layers, read_config
 
 from .checkpoints import HF_PREFIX
 from .gpt_module import GPTLightningModule, MeanExp, OptimConfig
@@ -98,7 +99,7 @@ class HFCausalLMModule(GPTLightningModule):
 
     def configure_model(self) -> None:
         """As the GPT module's: the whole model read here, unless the strategy reads each stage on
-        its own rank (its ``tensor_init_context()`` defers); then each part compiled."""
+        its own rank (its ``model_sharded_context()`` defers); then each part compiled."""
         super().configure_model()
         if self.compile_backend and not deferring():
             for part in (self.model.embed, *self.model.layers, self.model.head):
@@ -114,3 +115,14 @@ class HFCausalLMModule(GPTLightningModule):
     def pipeline_stages(self) -> HFStages:
         """The model cut into pipeline stages (embedding, decoder layers, norm and head)."""
         return HFStages(self.model)
+
+    @staticmethod
+    def config_layers(model: dict) -> tuple[int | None, str]:
+        """The decoder layers of the config's pretrained model (its folder's config.json)."""
+        location = model.get("pretrained")
+        if not location:
+            return None, ""
+        try:
+            return num_layers(read_config(model_folder(location))), "the pretrained model's layers"
+        except HFModelError as exc:
+            raise ValueError(str(exc)) from None

@@ -15,9 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from repro.deferred_init import InitTrace, assign_parameters, deferring, parameter_names, tied_groups
+
 from .attention import FixedWidthAttention, LatentAttention, build_attention
 from .config import GPTConfig
-from .deferred_init import InitTrace, assign_parameters, deferring, parameter_names, tied_groups
 
 
 class MLP(nn.Module):

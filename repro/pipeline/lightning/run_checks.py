@@ -10,8 +10,6 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from repro.models.hf_folder import HFModelError, model_folder, num_layers, read_config
-
 from ..options import PipelineOptions
 
 
@@ -37,25 +35,13 @@ def check_external_launch(processes: int, devices: int, nodes: int, env=None) ->
         )
 
 
-def _model_layers(model: Mapping[str, Any]) -> tuple[int | None, str]:
-    """The layers of a config's model (the suite's GPT, or a pretrained folder's decoder) and the
-    field that sets them."""
-    gpt = model.get("gpt")
-    if gpt is not None:
-        fields = dict(gpt.as_dict() if hasattr(gpt, "as_dict") else gpt)
-        return fields.get("n_layer"), "model.gpt.n_layer"
-    location = model.get("pretrained")
-    if not location:
-        return None, ""
-    try:
-        return num_layers(read_config(model_folder(location))), "the pretrained model's layers"
-    except HFModelError as exc:
-        raise ValueError(str(exc)) from None
-
-
-def check_pipeline_config(config: Mapping[str, Any], options: Mapping[str, Any]) -> None:
+def check_pipeline_config(
+    config: Mapping[str, Any], options: Mapping[str, Any], model_layers: tuple[int | None, str] = (None, "")
+) -> None:
     """Check a run's config (``trainer``, ``model``, ``data``) for this strategy with ``options``
-    (its init_args and a registered name's); a ValueError names the field."""
+    (its init_args and a registered name's) and ``model_layers`` (the layers the config's module
+    builds and the field that sets them: the module says, by its ``config_layers``); a ValueError
+    names the field."""
     trainer = config.get("trainer") or {}
     devices, nodes = trainer.get("devices"), trainer.get("num_nodes") or 1
     devices = int(devices) if isinstance(devices, str) and devices.isdigit() else devices
@@ -82,7 +68,7 @@ def check_pipeline_config(config: Mapping[str, Any], options: Mapping[str, Any])
             f"trainer.strategy placement='v' runs the first part on the last stage, but trainer.devices={devices} x "
             f"trainer.num_nodes={nodes} gives one stage; use at least 2 devices (or placement='linear')"
         )
-    n_layer, what = _model_layers(config.get("model") or {})
+    n_layer, what = model_layers
     if isinstance(n_layer, int) and processes > n_layer:
         raise ValueError(
             f"trainer.devices={devices}: the pipeline has one stage per process, but {what}={n_layer}; "

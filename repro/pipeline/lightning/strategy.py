@@ -26,8 +26,8 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from repro import lightning_compat as compat
+from repro.deferred_init import deferred_init
 from repro.files import write_json_atomic
-from repro.models.deferred_init import deferred_init
 from repro.stop import STOP, install_stop
 
 from .. import options as opt
@@ -137,8 +137,8 @@ class ClappingStrategy(PipelineCheckpoints, PipelineEvaluation, StageProcesses):
 
     # ------------------------------------------------------------------ model split
     @contextlib.contextmanager
-    def tensor_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
-        """A module's ``configure_model`` defers here: ``setup`` materializes this rank's stage alone."""
+    def model_sharded_context(self) -> Iterator[None]:
+        """``configure_model`` defers here (where FSDP partitions): ``setup`` draws this rank's stage."""
         with deferred_init():
             yield
 
