@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import nn
 
 from .compressors import Compressor
@@ -74,7 +73,7 @@ def choose_placement(
         )
     sequences, tokens = batch_shape
     micro = (max(1, sequences // micro_batches), tokens, width)
-    dtype = shared[0].dtype if shared[0].is_floating_point() else torch.float32
+    dtype = shared[0].dtype  # the embedding's output has its weight's dtype
     wrap_bytes = micro_batches * (fwd.payload_nbytes(micro, dtype) + bwd.payload_nbytes(micro, dtype))
     placement = "v" if tied_bytes > wrap_bytes else "linear"
     return PlacementChoice(

@@ -62,7 +62,7 @@ def rank_main(spec: dict[str, Any]) -> None:
     strategy = run_strategy(
         s, run, "popen", timeout_s=600, warmup_epochs=0, tied_compressor=run.tied_compressor,
         schedule=run.schedule or s.link_schedule, micro_batches=run.micro_batches or s.link_micro_batches,
-        extra_warmup=run.extra_warmup, placement=run.placement,
+        extra_warmup=run.extra_warmup,
     )  # fmt: skip
     trainer = make_trainer(
         steps=steps,

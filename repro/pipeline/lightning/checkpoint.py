@@ -64,13 +64,18 @@ def written_placement(path) -> str | None:
     if path is None or not Path(path).is_file():
         return None
     state = torch.load(path, map_location="cpu", mmap=True, weights_only=False).get("clapping")
-    return state.get("options", {}).get("placement", "linear") if state else None
+    return placement_in(state) if state else None
+
+
+def placement_in(state: dict[str, Any]) -> str:
+    """The placement in a checkpoint's pipeline state (checkpoints before the option: linear)."""
+    return state.get("options", {}).get("placement", "linear")
 
 
 def check_same_pipeline(
     state: dict[str, Any], num_stages: int, counts: list[int] | None, path, placement: str = "linear"
 ) -> None:
-    written = state.get("options", {}).get("placement", "linear")  # checkpoints before the option: linear
+    written = placement_in(state)
     if written != placement:  # each stage's optimizer state holds the parameters of its own parts
         raise ValueError(
             f"checkpoint {path}: written with strategy placement={written!r}; this run has placement="

@@ -20,7 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 import lightning as L
 import torch
 
-from repro.pipeline.auto_placement import choose_placement
+from repro.pipeline.auto_placement import PlacementChoice, choose_placement
 
 from .checkpoint import written_placement
 
@@ -76,7 +76,7 @@ def resolve_placement(strategy: Any, trainer: L.Trainer, parts: Any) -> tuple[st
         return options.placement, None
     written = written_placement(getattr(trainer, "ckpt_path", None))
     if written is not None:
-        return written, f"[clapping] placement auto: {written} (as the checkpoint was written)"
+        return written, PlacementChoice(written, "as the checkpoint was written").line()
     dm = getattr(trainer, "datamodule", None)
     shape = (int(dm.batch_size), int(dm.block_size)) if isinstance(dm, HasBatchShape) else None
     choice = choose_placement(
