@@ -4,6 +4,8 @@ the collectives Lightning asks a strategy for, and a watchdog that ends a rank w
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import sys
 from datetime import timedelta
@@ -112,6 +114,7 @@ class StageProcesses(ParallelStrategy):
         try:
             if not dist.is_initialized():
                 compat.init_process_group(self.cluster_environment, backend, **kwargs)
+                atexit.register(_destroy_process_groups)
             # one group per direction (ordering on NCCL), and a gloo group for Python objects; with
             # placement 'v' the wrap-around boundary (last stage -> stage 0) has its own two: gloo
             # carries one message at a time per connection, so at K = 2 the two directions of a
@@ -175,3 +178,12 @@ class StageProcesses(ParallelStrategy):
                 f"[clapping] {self.num_processes} stage processes on {cores} cores: "
                 f"{torch.get_num_threads()} torch thread(s) each (OMP_NUM_THREADS overrides)"
             )
+
+
+def _destroy_process_groups() -> None:
+    """At the rank's exit, after every collective: the groups' gloo threads are joined here, not
+    torn down by the interpreter's finalization (a spawned rank then aborted, 'terminate called
+    without an active exception', after a run that had succeeded)."""
+    if dist.is_initialized():
+        with contextlib.suppress(Exception):  # exiting anyway: nothing left to run on the groups
+            dist.destroy_process_group()
