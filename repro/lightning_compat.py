@@ -42,6 +42,7 @@ PRIVATE_ATTRIBUTES = (
     ("Trainer", "_accelerator_connector"),
     ("Trainer", "_checkpoint_connector"),
     ("Trainer.fit_loop", "_should_accumulate"),
+    ("Trainer.fit_loop", "_data_source"),
     ("Trainer.fit_loop.epoch_loop", "_batches_that_stepped"),
     ("Strategy", "_launcher"),
     ("_MultiProcessingLauncher", "_collect_rank_zero_results"),
@@ -201,6 +202,13 @@ def summary_without_unmeasured_flops(trainer) -> None:
     for i, callback in enumerate(trainer.callbacks):
         if type(callback) in lightnings:
             trainer.callbacks[i] = ModelSummary(max_depth=callback._max_depth)
+
+
+def passed_train_loader(trainer) -> Any:
+    """The train dataloader handed to ``trainer.fit`` itself (``train_dataloaders=``), None when the
+    module or a datamodule makes it (asking them would run their hook early)."""
+    instance = getattr(getattr(trainer.fit_loop, "_data_source", None), "instance", None)
+    return None if isinstance(instance, (L.LightningModule, L.LightningDataModule)) else instance
 
 
 def missing_symbols() -> list[str]:

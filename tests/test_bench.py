@@ -187,6 +187,10 @@ def test_summary_and_ratios():
             r"engine='torch' \(torch.distributed.pipelining\) runs in link_runs only, with method none",
         ),
         (
+            "preset: full\nlink_runs: [{method: none}, {method: none, schedule: zbv}]\n",
+            r"schedule='zbv': torch's V schedules run with engine torch",
+        ),
+        (
             "preset: full\nlink_runs: [{method: none}, {method: none, engine: jax}]\n",
             r"link_runs.engine='jax': allowed 'ours', 'torch'",
         ),
@@ -297,3 +301,65 @@ def test_a_link_rows_limit_is_its_busiest_uplink_on_the_wire_or_its_compute():
     assert theirs["engine"] == "torch" and theirs["wire_over_counted"] is None
     assert theirs["limit_s"] == pytest.approx(1.04) and theirs["ratio"] == pytest.approx(0.5)
     assert ours["fill_s"] == pytest.approx(1.0 / 8 + 0.5 / 4)
+
+
+def _v_rank(rank: int, k: int, schedule: str, port: int, queue) -> None:
+    """One rank of torch's V schedule on the quick bench GPT (tied): rank 0 reports the gradients
+    of the tied weight and of its first block after one step."""
+    import os
+
+    import torch.distributed as dist
+
+    from repro.experiments.bench.versus_torch import TorchPipelineRank
+    from repro.experiments.bench.workload import OPTIM, gpt_config, loader
+    from repro.lit import GPTLightningModule
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=k)
+    try:
+        s = load_settings("quick")
+        torch.manual_seed(0)
+        module = GPTLightningModule(gpt_config(s), OPTIM)
+        TorchPipelineRank(module, rank, k, 4, schedule).step(next(iter(loader(s, 1))))
+        if rank == 0:
+            m = module.model
+            queue.put(
+                [m.wte.weight.grad.tolist(), m.blocks[0].attn.q_proj.weight.grad.tolist()]
+            )  # no shared memory
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
+def test_torchs_v_schedules_in_the_bench_give_one_process_gradients_with_the_tied_weight_on_rank_0(schedule):
+    """The link section's torch V rows (two chunks a rank: the embedding and its tied head both on
+    rank 0) compute the gradients one process does; torch alone drops part of the shared weight's."""
+    import torch.multiprocessing as mp
+    from lightning.fabric.plugins.environments.lightning import find_free_network_port
+
+    from repro.experiments.bench.workload import OPTIM, gpt_config, loader
+    from repro.lit import GPTLightningModule
+    from repro.lit.stages import GPTStages
+
+    s = load_settings("quick")
+    torch.manual_seed(0)
+    module = GPTLightningModule(gpt_config(s), OPTIM)
+    batch, adapter = next(iter(loader(s, 1))), GPTStages(module.model)
+    micro = [slice(i, i + s.batch_size // 4) for i in range(0, s.batch_size, s.batch_size // 4)]
+    loss = sum(
+        adapter.loss(module.model(batch["input_ids"][m]), {"targets": batch["targets"][m]}) for m in micro
+    )
+    (loss / 4).backward()
+    queue = mp.get_context("fork").SimpleQueue()
+    ranks = mp.start_processes(
+        _v_rank,
+        args=(2, schedule, find_free_network_port(), queue),
+        nprocs=2,
+        start_method="fork",
+        join=False,
+    )
+    tied, block = queue.get()  # before the join: rank 0 blocks on a full pipe until it is read
+    ranks.join()
+    torch.testing.assert_close(torch.tensor(tied), module.model.wte.weight.grad)
+    torch.testing.assert_close(torch.tensor(block), module.model.blocks[0].attn.q_proj.weight.grad)

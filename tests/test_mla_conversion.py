@@ -371,6 +371,7 @@ def test_repro_mla_plane_allocates_each_budget_per_layer_and_resumes(hf_config, 
     run = json.loads(next((tmp_path / "plane" / "runs").glob("uniform-N4-*-s0.json")).read_text())
     assert run["overrides"]["model.pretrained"].startswith(str(tmp_path / "plane" / "models"))
     assert any(r["pareto_zero_shot"] for r in table["rows"])
+    assert not any(r["pareto_zero_shot"] and r["zero_shot_broken@hf"] for r in table["rows"][1:])  # not ranked
     # make figures draws the plane (bytes, loss, FLOPs, the front; the recovery curves) from this table
     import shutil
 

@@ -157,6 +157,7 @@ def test_placement_auto_takes_v_exactly_when_the_tied_sum_would_send_more_and_re
 
     # exact messages: the sum sends 2 x vocab x 32 x 4 B, v 2 x 8 x 32 x 32 x 4 B (65.5 kB): break-even at 256
     assert choose(parts(64)).placement == "linear" and choose(parts(1024)).placement == "v"
+    assert choose(parts(255)).placement == "linear" and choose(parts(256)).placement == "v"  # equal: v
     line = choose(parts(1024)).line()
     assert line.startswith("[clapping] placement auto: v (") and "0.262 MB" in line and "0.0655 MB" in line
     assert choose(parts(64), fwd=q4, bwd=q8).placement == "v"  # compressed boundaries make v cheap
@@ -177,6 +178,25 @@ def test_placement_auto_takes_v_exactly_when_the_tied_sum_would_send_more_and_re
     assert (
         resolve_placement(strategy, SimpleNamespace(ckpt_path=None, datamodule=dm), parts(64))[0] == "linear"
     )
+    # a DataLoader passed to fit: priced from its batch size and its dataset's first item, no batch drawn
+    from torch.utils.data import DataLoader, IterableDataset
+
+    from repro.pipeline.lightning.seams import loader_batch_shape
+
+    blocks = [{"input_ids": torch.zeros(32, dtype=torch.long)}] * 16
+    shuffled = DataLoader(blocks, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(0))
+    state = shuffled.generator.get_state()
+    assert loader_batch_shape(shuffled) == (8, 32) and torch.equal(shuffled.generator.get_state(), state)
+    assert loader_batch_shape(DataLoader([(torch.zeros(7), 1)], batch_size=2)) == (2, 7)
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            yield from blocks
+
+    assert loader_batch_shape(DataLoader(Stream(), batch_size=2)) is None  # no first item without drawing
+    passed = SimpleNamespace(ckpt_path=None, datamodule=None, fit_loop=SimpleNamespace(_data_source=SimpleNamespace(
+        instance=DataLoader(blocks, batch_size=8))))  # fmt: skip
+    assert resolve_placement(strategy, passed, parts(1024)) == ("v", choose(parts(1024)).line())
 
 
 def test_layers_are_split_evenly_or_as_listed_and_bad_splits_fail():

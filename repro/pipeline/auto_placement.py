@@ -5,8 +5,9 @@ With a weight tied between the first part (a token embedding) and the last (the 
 both ends sending it whole (or as the tied compressor's payload). ``v`` runs the first part on the
 last stage beside the head, one copy and no sum, and sends the first part's output to stage 0 and
 its gradient back instead, per micro-batch, through the boundary compressors. ``auto`` picks ``v``
-when the tied sum's bytes per step exceed what ``v`` sends, and ``linear`` otherwise (and always
-when nothing is tied: ``v`` would only add the wrap-around messages).
+when the tied sum's bytes per step reach what ``v`` sends (at equal bytes ``v`` still wins: its
+messages stream through the step, where the sum crosses after the last backward, in series), and
+``linear`` otherwise (and always when nothing is tied: ``v`` would only add the wrap-around messages).
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def choose_placement(
     micro = (max(1, sequences // micro_batches), tokens, width)
     dtype = shared[0].dtype  # the embedding's output has its weight's dtype
     wrap_bytes = micro_batches * (fwd.payload_nbytes(micro, dtype) + bwd.payload_nbytes(micro, dtype))
-    placement = "v" if tied_bytes > wrap_bytes else "linear"
+    placement = "v" if tied_bytes >= wrap_bytes else "linear"  # equal: v overlaps, the sum does not
     return PlacementChoice(
         placement,
         f"a step's tied gradient sum sends {megabytes(tied_bytes)} under linear; v sends the first part's "

@@ -3,7 +3,8 @@ ranks run each in a network namespace of its own (``links.py``: a node's uplink 
 every message between stages crosses a shaped link), started as srun or torchrun would start them
 (no launcher, ``--trainer.num_nodes`` = K), for each run of ``link_runs`` at each rate and K; a run
 with ``engine: torch`` is ``torch.distributed.pipelining`` (PipelineStage and its GPipe or 1F1B
-schedule, the tied weights' gradient by ``all_reduce``) on the same links, stages and batches.
+schedule, the tied weights' gradient by ``all_reduce``; or its ZBV or DualPipeV schedule, two
+chunks a rank, the embedding and the tied head both on rank 0) on the same links and batches.
 
 Everything a row's limit is made of is measured in the run itself, on every rank, over the timed steps:
 - the wire: the bytes each rank's interface sent (the kernel's counter of ``eth0``: messages, tied
@@ -37,7 +38,7 @@ from repro.experiments.kit.links import Links
 
 from .measure import pairwise, row
 from .pipelines import _mean_step_s, _read_ranks
-from .settings import BenchSettings, NetworkRun
+from .settings import TORCH_V_SCHEDULES, BenchSettings, NetworkRun
 
 
 def rank_main(spec: dict[str, Any]) -> None:
@@ -139,7 +140,9 @@ def linked_run(s: BenchSettings, run: NetworkRun, links: Links, port: int) -> di
     metrics = ranks[0]["metrics"]
     steps = s.pipe_warmup_steps + s.link_timed_steps
     counted = metrics.get("pipe/bytes_total")  # torch's pipeline counts nothing
+    torch_placement = "v" if run.schedule in TORCH_V_SCHEDULES else "linear"
     return {
+        "placement": ranks[0].get("placement") or torch_placement,  # ours: as run (auto's choice)
         "step_s": _mean_step_s(ranks[0]["times"], s.pipe_warmup_steps),
         "bytes_per_step": None if counted is None else counted / steps,
         "uplink_bytes_per_step": None if counted is None else [b / steps for b in uplink_bytes(metrics, k)],
@@ -225,6 +228,7 @@ def _rows(
                 "(step time of none / this)",
                 extra={
                     "engine": run.engine,
+                    "placement": res[0].get("placement"),
                     "rate_mbit": rate,
                     "stages": k,
                     "micro_batches": m,

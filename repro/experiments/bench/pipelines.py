@@ -80,7 +80,9 @@ class _RankReport(L.Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("pipe/")}
-        write_json_atomic(self.folder / f"rank{trainer.global_rank}.json", self.clock.report(metrics=metrics))
+        placement = getattr(getattr(trainer.strategy, "split", None), "placement", None)  # auto's choice
+        report = self.clock.report(metrics=metrics, placement=placement)
+        write_json_atomic(self.folder / f"rank{trainer.global_rank}.json", report)
 
 
 def run_strategy(s: BenchSettings, run: NetworkRun, start_method: str, seed: int = 0, **options: Any):
@@ -92,7 +94,7 @@ def run_strategy(s: BenchSettings, run: NetworkRun, start_method: str, seed: int
         fwd_compressor=run.fwd_compressor,
         bwd_compressor=run.bwd_compressor,
         p=run.p,
-        placement=run.placement,  # as the row says (linear unless named), not the strategy's auto
+        placement=run.placement,  # as the row says (linear unless named: auto too when named)
         sampler_seed=seed,
         start_method=start_method,
         timeout_s=300,

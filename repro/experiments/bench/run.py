@@ -176,12 +176,13 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def link_table(rows: list[dict[str, Any]]) -> str:
-    """The link rows against their physical limit (docs/performance.md's table)."""
+    """The link rows against their physical limit (docs/performance.md's table); placement: where the
+    embedding ran (ours: as run, ``auto``'s choice included; torch's V schedules: v)."""
     lines = [
-        "| K | rate | run | schedule, M | step (s) | busiest uplink on the wire (MB/step) | counted by the "
+        "| K | rate | run | placement | schedule, M | step (s) | busiest uplink on the wire (MB/step) | counted by the "
         "strategy (MB/step) | its link time (s) | compute (s) | limit (s) | fraction of the limit | with the fill "
         "| speed-up over none [95% CI] | serial bound |",
-        "|" + "---|" * 14,
+        "|" + "---|" * 15,
     ]
     for r in rows:
         speedup = "" if r["ratio"] is None else f"{r['ratio']:.2f}"
@@ -191,8 +192,9 @@ def link_table(rows: list[dict[str, Any]]) -> str:
         counted = r.get("uplink_bytes_per_step")
         counted = "-" if counted is None else f"{max(counted) / 1e6:.3f}"
         lines.append(
-            f"| {r['stages']} | {r['rate_mbit']:g} Mbit/s | {r['name'].split(' @ ')[0]} | {r['schedule']}, "
-            f"{r['micro_batches']} | {r['median']:.3f} | {max(r['wire_bytes_per_step']) / 1e6:.3f} | {counted} | "
+            f"| {r['stages']} | {r['rate_mbit']:g} Mbit/s | {r['name'].split(' @ ')[0]} | "
+            f"{r.get('placement') or '-'} | {r['schedule']}, {r['micro_batches']} | {r['median']:.3f} | "
+            f"{max(r['wire_bytes_per_step']) / 1e6:.3f} | {counted} | "
             f"{r['link_s_per_step']:.3f} | {r['compute_s_per_step']:.3f} | {r['limit_s']:.3f} | "
             f"**{r['fraction_of_limit']:.2f}** | {r['fraction_of_limit_with_fill']:.2f} | {speedup} | {bound} |"
         )

@@ -6,8 +6,8 @@ subset the tests run (under 2 minutes): the same sections on a smaller model, fe
 ``gpu`` is ``make bench-gpu``: the compile section alone on the paper configs (a CUDA machine);
 ``versus_torch`` is the race against torch.distributed.pipelining (the pipeline and hf sections)
 with enough paired repeats to tell a few percent (19.7 minutes on a 2-core machine at b4feec6);
-``links`` is the link section alone on slow shaped links (10, 25, 100 Mbit/s; K = 2 and 4; tied and
-untied; the schedules it was diagnosed with).
+``links`` is the link section alone on slow shaped links (10 and 25 Mbit/s; K = 2 and 4; tied and
+untied; the strategy's defaults, the placements and torch's schedules, its V schedules included).
 """
 
 from __future__ import annotations
@@ -21,9 +21,12 @@ from repro.experiments.kit.settings import ConfigPath, shipped_settings
 from repro.experiments.kit.settings import load_settings as load_settings_file
 from repro.pipeline.codecs import METHODS
 from repro.pipeline.compressors import build_compressor
+from repro.pipeline.options import Placement
 from repro.pipeline.schedule import SCHEDULES
-from repro.pipeline.stage_parts import PLACEMENTS
 
+# torch's V schedules (two model chunks a rank, torch.distributed.pipelining's class of each): link runs of engine torch
+TORCH_V_SCHEDULES = {"zbv": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV"}
+LINK_SCHEDULES = (*SCHEDULES, *TORCH_V_SCHEDULES)
 ENGINES = ("ours", "torch")  # a link run's pipeline: the clapping strategy, torch.distributed.pipelining
 PRESETS = ("full", "quick", "gpu", "versus_torch", "links")
 SECTIONS = (
@@ -55,16 +58,17 @@ class NetworkRun:
     """link section: the tied embedding/head gradient sum (identity: exact)"""
     untied: bool = False
     """link section: the bench GPT with a head of its own (no tied sum)"""
-    schedule: Literal[SCHEDULES] | None = None
-    """link section: gpipe | 1f1b; None = link_schedule"""
+    schedule: Literal[LINK_SCHEDULES] | None = None
+    """link section: gpipe | 1f1b (either engine), zbv | dualpipev (engine torch); None = link_schedule"""
     micro_batches: PositiveInt | None = None
     """link section: M; None = link_micro_batches"""
     engine: Literal[ENGINES] = "ours"
     """link section: ours (the clapping strategy) | torch (torch.distributed.pipelining)"""
     extra_warmup: NonNegativeInt = 0
     """link section, 1f1b: forwards a stage runs ahead of 1F1B's (the strategy's)"""
-    placement: Literal[PLACEMENTS] = "linear"
-    """link section: the strategy's placement ('v': the embedding on the last stage)"""
+    placement: Placement = "linear"
+    """link section: the strategy's placement ('v': the embedding on the last stage; 'auto': the
+    strategy's default, its choice recorded in the row); linear unless named"""
 
     @property
     def label(self) -> str:
@@ -263,8 +267,13 @@ class BenchSettings:
                     )
                 if run.placement != "linear" and run.engine != "ours":
                     raise ValueError(
-                        f"{where}: {field_name} placement={run.placement!r}: allowed {PLACEMENTS} (the strategy's "
-                        f"option; torch's runs are linear)"
+                        f"{where}: {field_name} placement={run.placement!r}: the strategy's option (engine ours); "
+                        f"torch's runs are placed by their schedule"
+                    )
+                if run.schedule in TORCH_V_SCHEDULES and run.engine != "torch":
+                    raise ValueError(
+                        f"{where}: {field_name} schedule={run.schedule!r}: torch's V schedules run with engine "
+                        f"torch; the strategy's schedules are {SCHEDULES}"
                     )
                 if run.extra_warmup and (
                     run.engine != "ours" or (run.schedule or self.link_schedule) != "1f1b"

@@ -41,7 +41,7 @@ from .pipelines import (
     run_strategy,
     tied_bytes,
 )
-from .settings import BenchSettings, NetworkRun
+from .settings import TORCH_V_SCHEDULES, BenchSettings, NetworkRun
 from .workload import OPTIM, loader, peak_rss_bytes
 
 OURS = "clapping none+identity"
@@ -64,37 +64,85 @@ def stage_module(module: L.LightningModule, rank: int, k: int) -> tuple[torch.nn
     return stage, [q for q in stage.parameters() if id(q) in others]
 
 
+def v_chunks(module: L.LightningModule, rank: int, k: int) -> list[torch.nn.Sequential]:
+    """Rank ``rank``'s two chunks for torch's V schedules: the model cut by the same stage adapter
+    into 2K chunks (equal layer counts), this rank holding chunks ``rank`` and ``2K - 1 - rank``, so
+    rank 0 holds the embedding and the head (a tied weight has one copy and needs no sum)."""
+    adapter = stage_adapter_for(module)
+    parts = adapter.parts()
+    counts = layers_per_stage(len(parts.layers), 2 * k)
+    splits = [StageSplit(c, 2 * k, counts, parts) for c in (rank, 2 * k - 1 - rank)]
+    modules = [m for split in splits for m in split.modules_of(split.stage)]
+    if isinstance(adapter, MaterializesStages):
+        adapter.materialize(modules)
+    return [torch.nn.Sequential(*split.modules_of(split.stage)) for split in splits]
+
+
+def own_copies(
+    second: torch.nn.Module, first: torch.nn.Module
+) -> list[tuple[torch.nn.Parameter, torch.nn.Parameter]]:
+    """Give ``second`` its own copy of every parameter it shares with ``first`` (a tied embedding and
+    head on rank 0 of a V schedule); returns the (first's, second's) pairs, whose gradients the step
+    sums. torch's ZBV and DualPipeV (2.13) drop part of a shared weight's gradient: rank 0's tied
+    weight got a gradient of norm 0.094 where one process gets 0.359 (K = 2, the links model)."""
+    shared = {id(p): p for p in first.parameters()}
+    pairs = []
+    for name, p in list(second.named_parameters(remove_duplicate=False)):
+        if id(p) in shared:
+            owner_name, _, attr = name.rpartition(".")
+            copy = torch.nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad)
+            setattr(second.get_submodule(owner_name), attr, copy)
+            pairs.append((p, copy))
+    return pairs
+
+
 class TorchPipelineRank:
     """One rank of ``torch.distributed.pipelining`` on a bench module: the stage cut by the same stage
-    adapter as ours, its GPipe or 1F1B schedule over M micro-batches, AdamW; ``step`` is one optimizer
-    step (zero_grad, the schedule, the tied weights' gradient sum, the update). Every rank builds one,
-    in the same order (it creates a process group)."""
+    adapter as ours, its GPipe, 1F1B, ZBV or DualPipeV schedule over M micro-batches, AdamW; ``step``
+    is one optimizer step (zero_grad, the schedule, the tied weights' gradient sum, the update). The
+    V schedules hold two chunks a rank (:func:`v_chunks`): no tied sum. Every rank builds one, in the
+    same order (it creates a process group)."""
 
     def __init__(
         self, module: L.LightningModule, rank: int, k: int, micro_batches: int, schedule: str = "gpipe"
     ):
-        from torch.distributed.pipelining import (
-            PipelineStage,
-            Schedule1F1B,
-            ScheduleGPipe,
-        )  # heavy; workers only
+        from torch.distributed import pipelining  # heavy; workers only
+        from torch.distributed.pipelining import PipelineStage
 
         adapter = stage_adapter_for(module)
-        part, self.tied = stage_module(module, rank, k)
-        self.schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule](
-            PipelineStage(part, rank, k, torch.device("cpu")),
-            micro_batches,
-            loss_fn=lambda out, y: adapter.loss(out, {"targets": y}),
-        )
-        self.opt = torch.optim.AdamW([p for p in part.parameters() if p.requires_grad], lr=OPTIM["lr"])
-        # a tied embedding and head (the suite's GPT): the first and last stage each hold the weight,
-        # and summing its two gradients keeps them one weight (as the clapping strategy does)
+        device = torch.device("cpu")
+
+        def loss_fn(out, y):
+            return adapter.loss(out, {"targets": y})
+
+        if schedule in TORCH_V_SCHEDULES:
+            chunks = v_chunks(module, rank, k)
+            self.local_pairs = own_copies(chunks[1], chunks[0])  # summed on the rank: no bytes
+            stages = [PipelineStage(c, i, 2 * k, device) for c, i in zip(chunks, (rank, 2 * k - 1 - rank))]
+            schedule_class = getattr(pipelining.schedules, TORCH_V_SCHEDULES[schedule])
+            self.schedule = schedule_class(stages, micro_batches, loss_fn=loss_fn)
+            params = [p for c in chunks for p in c.parameters()]
+            self.tied: list = []
+            self.holds_ends = rank == 0  # chunk 0 (the inputs) and chunk 2K - 1 (the loss)
+        else:
+            part, self.tied = stage_module(module, rank, k)
+            schedule_class = {"gpipe": pipelining.ScheduleGPipe, "1f1b": pipelining.Schedule1F1B}[schedule]
+            self.schedule = schedule_class(
+                PipelineStage(part, rank, k, device), micro_batches, loss_fn=loss_fn
+            )
+            params = part.parameters()
+            self.holds_ends, self.local_pairs = False, []
+        self.opt = torch.optim.AdamW([p for p in params if p.requires_grad], lr=OPTIM["lr"])
+        # a tied embedding and head (the suite's GPT), linear stages: the first and last stage each
+        # hold the weight, and summing its two gradients keeps them one weight (as the clapping strategy does)
         self.tied_group = dist.new_group([0, k - 1])
         self.rank, self.k = rank, k
 
     def step(self, batch: dict[str, torch.Tensor]) -> None:
         self.opt.zero_grad(set_to_none=True)
-        if self.rank == 0:
+        if self.holds_ends:
+            self.schedule.step(batch["input_ids"], target=batch["targets"])
+        elif self.rank == 0:
             self.schedule.step(batch["input_ids"])
         elif self.rank == self.k - 1:
             self.schedule.step(target=batch["targets"])
@@ -102,6 +150,9 @@ class TorchPipelineRank:
             self.schedule.step()
         for weight in self.tied:
             dist.all_reduce(weight.grad, group=self.tied_group)
+        for a, b in self.local_pairs:  # one weight in two chunks of this rank: both get the sum
+            a.grad += b.grad
+            b.grad.copy_(a.grad)
         self.opt.step()
 
 

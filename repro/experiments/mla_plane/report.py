@@ -6,7 +6,7 @@ against the budget's uniform rows; the Pareto front of bytes and loss. Written a
 ``mla_plane.{json,md,csv}`` with the scale, commit and time it came from.
 
 A row more than ``BROKEN`` nats above its source is reported as broken and not ranked (its
-differences to other rows are shown, no verdict drawn from them).
+differences to other rows are shown, no verdict drawn from them; it is on no Pareto front).
 """
 
 from __future__ import annotations
@@ -98,10 +98,10 @@ def write_report(plane, rows, zero_shot, finetuned, accounts, profiles, seconds:
                     if other in finetuned:
                         record[f"finetuned_vs_{base}"] = paired(tuned["chunks"], finetuned[other]["chunks"])
         records.append(record)
-    front = pareto({r["name"]: (r["kv_bytes_per_token"], r[f"zero_shot_loss@{primary}"]) for r in records})
-    tuned_front = pareto(
-        {r["name"]: (r["kv_bytes_per_token"], r["finetuned_loss"]) for r in records if "finetuned_loss" in r}
-    )
+    front = pareto({r["name"]: (r["kv_bytes_per_token"], r[f"zero_shot_loss@{primary}"]) for r in records
+                    if not r.get(f"zero_shot_broken@{primary}")})  # fmt: skip
+    tuned_front = pareto({r["name"]: (r["kv_bytes_per_token"], r["finetuned_loss"]) for r in records
+                          if "finetuned_loss" in r and not r.get("finetuned_broken")})  # fmt: skip
     for r in records:
         r["pareto_zero_shot"] = r["name"] in front
         r["pareto_finetuned"] = r["name"] in tuned_front if "finetuned_loss" in r else None
@@ -149,6 +149,7 @@ def markdown(doc: dict[str, Any]) -> str:
         f"Δ vs uniform @{ctx[primary]}",
         "fine-tuned",
         "Δ vs source fine-tuned",
+        "Δ vs uniform fine-tuned",
         "Δ vs MHA2MLA fine-tuned",
         "front",
     ]
@@ -158,7 +159,7 @@ def markdown(doc: dict[str, Any]) -> str:
         f"MLA conversions of {doc['source']} ({doc['scale']}, {doc['git_commit'][:7]}, {doc['created'][:10]}): "
         f"test loss on {chunks}; Δ paired over the chunks (95% CI). Fine-tuned: {tune['steps']} steps, "
         f"lr {tune['lr']:g}, seeds {tune['seeds']}. Rows more than {doc['broken_threshold_nats']} nats above "
-        "the source are broken (not ranked). front: on the "
+        "the source are broken (not ranked, nor on the front). front: on the "
         "Pareto front of bytes and loss (z: zero-shot, f: fine-tuned).",
         "",
         "| " + " | ".join(head) + " |",
@@ -172,8 +173,10 @@ def markdown(doc: dict[str, Any]) -> str:
             cells.append(f"{r[f'zero_shot_loss@{c}']:.4f}{broken}")
         cells += [_delta(r.get(f"zero_shot_vs_source@{c}")) for c in contexts]
         cells.append(_delta(r.get(f"zero_shot_vs_uniform@{primary}")))
-        cells.append(f"{r['finetuned_loss']:.4f}" if "finetuned_loss" in r else "")
+        broken = " (broken)" if r.get("finetuned_broken") else ""
+        cells.append(f"{r['finetuned_loss']:.4f}{broken}" if "finetuned_loss" in r else "")
         cells.append(_delta(r.get("finetuned_vs_source")))
+        cells.append(_delta(r.get("finetuned_vs_uniform")))
         cells.append(_delta(r.get("finetuned_vs_uniform (weights)")))
         cells.append(
             "".join(t for t, on in (("z", r["pareto_zero_shot"]), ("f", r["pareto_finetuned"])) if on)

@@ -4,7 +4,8 @@ error at the check, not a feature silently switched off):
 - a LightningModule that ``RecordsEvalLoss`` gets the pipeline's evaluation losses through its own
   metric (the suite's modules do); any other one gets ``<split>/loss`` logged;
 - a datamodule that ``HasShuffleSeed`` seeds the pipeline's sampler (unless ``sampler_seed`` is set),
-  and one that ``HasBatchShape`` prices ``placement: auto`` before the first batch;
+  and one that ``HasBatchShape`` prices ``placement: auto`` before the first batch (as does a
+  DataLoader passed to ``fit``, from its batch size and its dataset's first item);
 - a strategy that ``ReportsPipeline`` (``ClappingStrategy``) brings its statistics up to date and
   summarises a run for the engine's result files;
 - a LightningModule's own ``training_step``, ``validation_step`` and ``test_step`` do not run under
@@ -19,7 +20,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import lightning as L
 import torch
+from torch.utils.data import IterableDataset
 
+from repro import lightning_compat as compat
 from repro.pipeline.auto_placement import PlacementChoice, choose_placement
 
 from .checkpoint import written_placement
@@ -67,10 +70,32 @@ class HasBatchShape(Protocol):
     block_size: int
 
 
+def loader_batch_shape(loader: Any) -> tuple[int, int] | None:
+    """(sequences, tokens) of a step from a DataLoader: its batch size and its dataset's first item
+    (``input_ids``, or the first tensor of the item), read without drawing a batch (no sampler or
+    generator moves, so the run's data order is untouched); None when it cannot say."""
+    batch_size = getattr(loader, "batch_size", None)
+    dataset = getattr(loader, "dataset", None)
+    if batch_size is None or dataset is None or isinstance(dataset, IterableDataset):
+        return None
+    try:
+        item = dataset[0]
+    except Exception:  # a dataset that cannot be indexed: no shape before the first batch
+        return None
+    if isinstance(item, dict):
+        item = item.get("input_ids", next(iter(item.values()), None))
+    elif isinstance(item, (tuple, list)):
+        item = item[0] if item else None
+    if not isinstance(item, torch.Tensor) or item.dim() == 0:
+        return None
+    return int(batch_size), int(item.shape[-1])
+
+
 def resolve_placement(strategy: Any, trainer: L.Trainer, parts: Any) -> tuple[str, str | None]:
     """The strategy's placement, and for ``auto`` the line that says which and why: a resumed run
     keeps its checkpoint's; otherwise :func:`~repro.pipeline.auto_placement.choose_placement` prices
-    both from a datamodule that ``HasBatchShape`` (its batch and block size: the shape of every step)."""
+    both from a datamodule that ``HasBatchShape`` (its batch and block size: the shape of every step)
+    or from a DataLoader passed to ``fit`` (:func:`loader_batch_shape`)."""
     options = strategy.options
     if options.placement != "auto":
         return options.placement, None
@@ -78,7 +103,10 @@ def resolve_placement(strategy: Any, trainer: L.Trainer, parts: Any) -> tuple[st
     if written is not None:
         return written, PlacementChoice(written, "as the checkpoint was written").line()
     dm = getattr(trainer, "datamodule", None)
-    shape = (int(dm.batch_size), int(dm.block_size)) if isinstance(dm, HasBatchShape) else None
+    if isinstance(dm, HasBatchShape):
+        shape = (int(dm.batch_size), int(dm.block_size))
+    else:
+        shape = loader_batch_shape(compat.passed_train_loader(trainer))
     choice = choose_placement(
         parts, strategy.num_stages, options.micro_batches, shape, options.fwd, options.bwd, options.tied
     )
