@@ -46,7 +46,7 @@ def option_line(message: str) -> str:
     if not key:
         return text
     name, element, rest = key.groups()
-    option = f"--{name.replace('_', '-')}" + (f" (item {element})" if element else "")
+    option = f"--{name}" + (f" (item {element})" if element else "")
     given = re.search(r"(?:Given|Got) value: (.*)$", rest) or RANGE.search(rest)  # union, choice; range
     rule, choices, kind = (
         RULE.search(rest),
@@ -157,14 +157,38 @@ class HelpFormatter(jsonargparse.DefaultHelpFormatter, argparse.RawDescriptionHe
         return re.sub(r"<class '(?:\w+\.)*(\w+)'>", r"\1", kind)
 
 
+def spelled(option: str) -> str:
+    """An option as every ``repro`` command spells it, LightningCLI's way: ``--full_steps``, not
+    ``--full-steps`` (short options and single words as they are)."""
+    return "--" + option[2:].replace("-", "_") if option.startswith("--") else option
+
+
 class Parser(jsonargparse.ArgumentParser):
     """A command's parser: jsonargparse's, its help by :class:`HelpFormatter`, a usage error one line
-    (:func:`option_line`), the parsed values plain numbers (:func:`plain`)."""
+    (:func:`option_line`), the parsed values plain numbers (:func:`plain`). Every option is spelled
+    as LightningCLI spells ``repro fit``'s (:func:`spelled`); an option typed the old way, with
+    dashes, is refused in one line that names the new spelling."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
         self.subparsers: dict[str, Parser] = {}  # name -> the parser of that subcommand
+
+    def add_argument(self, *names: str, **kwargs: Any) -> argparse.Action:  # type: ignore[override]
+        return super().add_argument(*map(spelled, names), **kwargs)
+
+    def _options(self) -> set[str]:
+        """Every option string of this parser and of its subcommands' parsers."""
+        return set(self._option_string_actions).union(*(p._options() for p in self.subparsers.values()))
+
+    def _refuse_old_spellings(self, argv: list[str]) -> None:
+        known = self._options()
+        for arg in argv:
+            if arg == "--":
+                return
+            name = arg.split("=", 1)[0]
+            if name.startswith("--") and "-" in name[2:] and name not in known and spelled(name) in known:
+                self.error(f"{name}: spelled {spelled(name)} now (as repro fit spells its options)")
 
     def _locate(self, key: str) -> tuple[Parser, str]:
         """The subcommand parser a dotted key (``profile.nope.layers``) points into, and its rest."""
@@ -204,24 +228,26 @@ class Parser(jsonargparse.ArgumentParser):
         raise SystemExit(status)
 
     def parse_args(self, *args: Any, **kwargs: Any) -> jsonargparse.Namespace:  # type: ignore[override]
+        argv = args[0] if args else kwargs.get("args")
+        self._refuse_old_spellings(list(sys.argv[1:] if argv is None else argv))
         namespace = super().parse_args(*args, **kwargs)
         for key, value in list(namespace.items()):
             namespace[key] = plain(value)
         return namespace
 
     def add_fields(self, cls: type, *names: str, defaults: bool = True, **options: str) -> None:
-        """An option per field of dataclass ``cls``, written once there: ``--field-name`` (or the
+        """An option per field of dataclass ``cls``, written once there: ``--field_name`` (or the
         option ``options`` names for it: ``options={"dtype": "token_dtype"}``), its type (a tuple
         or list: ``nargs '+'`` of its items), its attribute docstring as help, and its default
         (``defaults=False``: None, for an override of settings read elsewhere); the parsed value is
-        under the field's name. A bool field is a flag: ``--x`` sets it, or ``--no-x`` clears one
+        under the field's name. A bool field is a flag: ``--x`` sets it, or ``--no_x`` clears one
         whose default is true."""
         hints, docs = typing.get_type_hints(cls), field_docs(cls)
         fields = {f.name: f for f in dataclasses.fields(cls)}
-        for option, name in [*((n.replace("_", "-"), n) for n in names), *options.items()]:
+        for option, name in [*((n, n) for n in names), *options.items()]:
             f, hint, kwargs = fields[name], hints[name], {"help": docs[name], "dest": name}
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            if hint is bool and option.startswith("no-"):
+            if hint is bool and spelled(f"--{option}").startswith("--no_"):
                 kwargs.update(action="store_false", help=f"turn off (default on): {docs[name]}")
             elif hint is bool:
                 kwargs["action"] = "store_true"

@@ -234,12 +234,16 @@ def test_gpu_check_records_a_failing_part_and_runs_the_next(capsys, tmp_path, mo
         (["table1", "--steps", "0"], "repro table1: error: --steps 0: must be > 0"),  # a settings field's range
         (["table1", "--accelerator", "tpu"], "repro table1: error: --accelerator tpu: allowed 'cpu', 'gpu'"),
         (["clapping", "--seeds", "1", "-2"], "repro clapping: error: --seeds (item 2) -2: must be >= 0"),
-        (["data", "prepare", "x", "--out", "y", "--val-fraction", "1"], "--val-fraction 1: must be >= 0 and < 1"),
+        (["data", "prepare", "x", "--out", "y", "--val_fraction", "1"], "--val_fraction 1: must be >= 0 and < 1"),
         (["profile"], "repro profile: error: give one of: phase-off, nope, allocations, pair-order, coverage, "
          "fidelity, interactions (see repro profile --help)"),
         (["profile", "nope", "--config", "c"], "repro profile nope: error: the following arguments are required: "
          "--profile, --layers, --out"),
-        (["transfer", "--profile", "p", "--target-layers", "x", "--out", "o"], "--target-layers: not a PositiveInt"),
+        (["transfer", "--profile", "p", "--target_layers", "x", "--out", "o"], "--target_layers: not a PositiveInt"),
+        # the old spelling, with dashes, named with its new one (in a subcommand's options too)
+        (["table1", "--float-spread"], "repro table1: error: --float-spread: spelled --float_spread now"),
+        (["profile", "coverage", "--config", "c", "--finetune-steps=3"], "--finetune-steps: spelled --finetune_steps"),
+        (["data", "prepare", "x", "--out", "y", "--val-fraction", "0.1"], "--val-fraction: spelled --val_fraction"),
     ],
 )  # fmt: skip
 def test_every_command_parses_with_one_system_and_refuses_in_one_line(argv, line, capsys):
@@ -268,3 +272,19 @@ def test_the_rope_tools_take_verbose_after_the_command(argv):
     from repro.experiments.rope_tools.command_arguments import build_parser
 
     assert flat(build_parser().parse_args(argv), "command", "profile_kind").verbose is True
+
+
+@pytest.mark.parametrize(
+    "argv", [["table1", "--help"], ["profile", "coverage", "--help"], ["data", "prepare", "--help"]]
+)
+def test_every_commands_help_spells_its_options_as_repro_fit_does(argv, capsys):
+    """One spelling, LightningCLI's (``--full_steps``): no option in any command's help has a dash
+    inside its name."""
+    import re
+
+    from repro.cli import main
+
+    with pytest.raises(SystemExit):
+        main(argv)
+    out = capsys.readouterr().out
+    assert "--out" in out and re.findall(r"--[a-z]+-[a-z]", out) == []

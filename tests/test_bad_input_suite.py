@@ -133,12 +133,12 @@ CASES = [
     ),
     (
         "profile: checkpoint of another model",
-        "profile phase-off --config {good_yaml} --ckpt-path {other_model_ckpt} --out {out}",
+        "profile phase-off --config {good_yaml} --ckpt_path {other_model_ckpt} --out {out}",
         r"does not match the config's model",
     ),
     (
         "profile: corrupt checkpoint",
-        "profile phase-off --config {good_yaml} --ckpt-path {garbage_ckpt} --out {out}",
+        "profile phase-off --config {good_yaml} --ckpt_path {garbage_ckpt} --out {out}",
         r"garbage\.ckpt': not a readable checkpoint",
     ),
     (
@@ -178,8 +178,8 @@ CASES = [
     ),
     (
         "transfer: no target layers",
-        "transfer --profile {three_layers_json} --target-layers 0 --out {out}",
-        r"--target-layers 0: must be > 0",
+        "transfer --profile {three_layers_json} --target_layers 0 --out {out}",
+        r"--target_layers 0: must be > 0",
     ),
     (
         "table1: unknown settings field",

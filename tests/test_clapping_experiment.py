@@ -331,9 +331,9 @@ def test_the_real_scale_plans_every_row_of_the_issue_at_two_stages():
 @pytest.mark.parametrize(
     "steps, blocks, methods, fragment",
     [
-        ([6, 12], [32], ("direct",), "--probe-blocks [32]: one positive N per --probe-steps value"),
-        ([0], None, ("direct",), "--probe-steps [0]: positive step counts"),
-        ([6], None, ("none",), "--probe-methods ['none']: methods compared with none"),
+        ([6, 12], [32], ("direct",), "--probe_blocks [32]: one positive N per --probe_steps value"),
+        ([0], None, ("direct",), "--probe_steps [0]: positive step counts"),
+        ([6], None, ("none",), "--probe_methods ['none']: methods compared with none"),
     ],
 )
 def test_bad_probe_arguments_fail_with_the_flag(steps, blocks, methods, fragment, tmp_path):
@@ -344,7 +344,7 @@ def test_bad_probe_arguments_fail_with_the_flag(steps, blocks, methods, fragment
 
 
 def test_each_row_gets_the_link_timing_of_its_own_method_and_the_table_shows_it(smoke, tmp_path, monkeypatch):
-    """`--link-steps`: the bench settings that time the grid hold one run per distinct (method,
+    """`--link_steps`: the bench settings that time the grid hold one run per distinct (method,
     compressors, p), labelled as the bench labels them, at the model config's shape; the bench's
     link rows come back to the table rows they belong to (a result of the same settings is reused)."""
     import yaml

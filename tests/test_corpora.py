@@ -141,7 +141,7 @@ def test_a_prepare_killed_midway_resumes_to_the_same_shards_without_redoing_fini
     cuts = rng.integers(0, len(base) - 2000, 40_000)
     texts = [base[c : c + 1000] for c in cuts]  # 40 MB of text: a few seconds to prepare
     source = _jsonl(tmp_path / "big.jsonl", texts)
-    args = [str(source), "--tokenizer", "char", "--shard-tokens", "400000", "--no-progress"]
+    args = [str(source), "--tokenizer", "char", "--shard_tokens", "400000", "--no_progress"]
     killed = tmp_path / "killed"
     cmd = [sys.executable, "-m", "repro.cli", "data", "prepare", *args, "--out", str(killed)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -323,7 +323,7 @@ def test_a_hub_source_without_the_network_and_row_files_as_text_files_are_one_li
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("repro.network.OFFLINE_BY_DEFAULT", False)  # as if the user set HF_HUB_OFFLINE=1
     with pytest.raises(SystemExit) as exit_:
-        repro_main(["data", "prepare", "someone/some-dataset", "--out", str(tmp_path / "o"), "--no-progress"])
+        repro_main(["data", "prepare", "someone/some-dataset", "--out", str(tmp_path / "o"), "--no_progress"])
     assert exit_.value.code == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and "cannot stream it from the Hugging Face Hub" in err[0]
@@ -366,7 +366,7 @@ def test_a_run_that_would_repeat_its_data_past_the_limit_stops_in_one_line(tmp_p
 
 
 def test_a_corpus_prepared_with_a_custom_end_of_document_token_trains(tmp_path, capsys):
-    """'</doc>' is none of the built-in end-of-document names: named by --eos-token, or by a model
+    """'</doc>' is none of the built-in end-of-document names: named by --eos_token, or by a model
     folder's tokenizer_config.json, the prepared folder carries its id and `repro fit` trains on it
     (the folder's own tokenizer copy has no config to find it in)."""
     import yaml
@@ -395,11 +395,11 @@ def test_a_corpus_prepared_with_a_custom_end_of_document_token_trains(tmp_path, 
     config["trainer"]["callbacks"] = []
     config["data"] = {"block_size": 16, "batch_size": 4, "max_val_blocks": 2}
     (tmp_path / "fit.yaml").write_text(yaml.safe_dump(config))
-    for name, how in (("by-flag", ["--tokenizer", tok_file, "--eos-token", "</doc>"]),
+    for name, how in (("by-flag", ["--tokenizer", tok_file, "--eos_token", "</doc>"]),
                       ("by-folder", ["--tokenizer", str(tmp_path / "model")])):  # fmt: skip
         out = tmp_path / name
         with pytest.raises(SystemExit) as done:
-            repro_main(["data", "prepare", str(source), "--out", str(out), "--val-fraction", "0.2", *how])
+            repro_main(["data", "prepare", str(source), "--out", str(out), "--val_fraction", "0.2", *how])
         assert done.value.code == 0
         assert PreparedCorpus(out).eos_id == bpe.token_to_id("</doc>")
         with pytest.raises(SystemExit) as done:

@@ -138,7 +138,7 @@ def test_a_fine_tune_goes_out_as_gguf_and_reads_back_with_its_logits(kind, toler
     torch.save({"hyper_parameters": {"pretrained": str(source)},
                 "state_dict": {HF_PREFIX + k: v for k, v in model.state_dict().items()}}, ckpt)  # fmt: skip
     out = tmp_path / f"tuned-{kind}.gguf"
-    assert repro_export(["--ckpt", str(ckpt), "--gguf", str(out), "--gguf-type", kind]) == 0
+    assert repro_export(["--ckpt", str(ckpt), "--gguf", str(out), "--gguf_type", kind]) == 0
     fields = GGUFReader(str(out)).fields
     assert fields["tokenizer.chat_template"].contents() == "{{ messages }}"
     assert fields["tokenizer.ggml.pre"].contents() == "gpt-2"

@@ -197,7 +197,7 @@ def test_repro_profile_phase_off_of_a_pretrained_model_per_layer_and_per_head(
     models, corpus, tmp_path, capsys
 ):
     """The profile of the folder's weights, per layer and per key/value head; then of a fine-tune's
-    checkpoint (--ckpt-path): its reference loss is the one `repro validate` gives for that checkpoint,
+    checkpoint (--ckpt_path): its reference loss is the one `repro validate` gives for that checkpoint,
     and the profile names the weights it measured."""
     import re
 
@@ -223,7 +223,7 @@ def test_repro_profile_phase_off_of_a_pretrained_model_per_layer_and_per_head(
         assert done.value.code == 0
 
     out = tmp_path / "profile.json"
-    repro("profile", "phase-off", "--config", str(tmp_path / "hf.yaml"), "--per-head", "--out", str(out))
+    repro("profile", "phase-off", "--config", str(tmp_path / "hf.yaml"), "--per_head", "--out", str(out))
     profile = LayerProfile.load(out)
     assert profile.kind == "phase_off" and len(profile.values) == 4
     assert [len(row) for row in profile.per_head] == [2, 2, 2, 2]  # 2 key/value heads per layer
@@ -267,12 +267,12 @@ def test_repro_profile_phase_off_of_a_pretrained_model_per_layer_and_per_head(
     assert [r.tokens for r in planned_runs(list(specs.values()), 1)] == [2 * 2 * 16] * 14
     capsys.readouterr()
     repro("profile", "nope", "--config", str(tmp_path / "hf.yaml"), "--profile", str(out), "--layers", "1",
-          "--draws", "0", "--finetune-steps", "2", "--plan", "--step-time", "0.1",
+          "--draws", "0", "--finetune_steps", "2", "--plan", "--step_time", "0.1",
           "--out", str(tmp_path / "p.json"))  # fmt: skip
     assert "nope fine-tunes: 7 runs, 14 optimizer steps" in capsys.readouterr().out
     assert not (tmp_path / "p.json").exists()
     repro("profile", "nope", "--config", str(tmp_path / "hf.yaml"), "--profile", str(out), "--layers", "1",
-          "--draws", "0", "--finetune-steps", "2", "--out", str(tmp_path / "nope_ft.json"))  # fmt: skip
+          "--draws", "0", "--finetune_steps", "2", "--out", str(tmp_path / "nope_ft.json"))  # fmt: skip
     tuned = json.loads((tmp_path / "nope_ft.json").read_text())
     rows = {r["method"]: r for r in tuned["rows"]}
     assert set(rows) == {"profile", "inverse", "first-k", "last-k", "spaced-k", "uniform"}
@@ -301,7 +301,7 @@ def test_repro_profile_phase_off_of_a_pretrained_model_per_layer_and_per_head(
         "phase-off",
         "--config",
         str(tmp_path / "hf.yaml"),
-        "--ckpt-path",
+        "--ckpt_path",
         str(ckpt),
         "--out",
         str(tuned),

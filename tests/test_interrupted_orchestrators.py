@@ -150,13 +150,13 @@ def test_an_interrupted_coverage_profile_resumes_to_the_same_profile(tmp_path, d
         str(config),
         "--steps",
         "6",
-        "--eval-every",
+        "--eval_every",
         "3",
-        "--last-n",
+        "--last_n",
         "2",
         "--seeds",
         "0",
-        "--group-size",
+        "--group_size",
         "2",  # 3 runs (all low, then layers 0-1 high, then layer 2) prove the resume as well as 4 per layer
     ]
     run_to_end([*common, "--out", "whole.json"], tmp_path)

@@ -76,11 +76,11 @@ IDS = torch.randint(0, VOCAB, (2, 48), generator=torch.Generator().manual_seed(1
 def test_nothing_cut_is_the_source_and_n_pairs_at_full_rank_is_model_rotary(name, sources, tmp_path):
     src = sources[name]
     want = logits(src, IDS)
-    repro("convert-mla", "--pretrained", str(src), "--rotary-pairs", "all", "--latent-rank", "full",
+    repro("convert-mla", "--pretrained", str(src), "--rotary_pairs", "all", "--latent_rank", "full",
           "--out", str(tmp_path / "all"))  # fmt: skip
     assert (logits(tmp_path / "all", IDS) - want).abs().max() < TOLERANCE
     half = 8
-    repro("convert-mla", "--pretrained", str(src), "--rotary-pairs", "3", "--latent-rank", "full",
+    repro("convert-mla", "--pretrained", str(src), "--rotary_pairs", "3", "--latent_rank", "full",
           "--out", str(tmp_path / "three"))  # fmt: skip
     n_layer = AutoModelForCausalLM.from_pretrained(str(src)).config.num_hidden_layers
     rotary = dict.fromkeys(range(n_layer), 3 / half)
@@ -96,8 +96,8 @@ def test_a_cut_rank_changes_the_logits_and_caches_what_account_reports(sources, 
     src = sources["gqa-untied"]
     (tmp_path / "pairs.json").write_text(json.dumps([2, 0, 4]))  # per layer, as repro allocate's files
     (tmp_path / "ranks.json").write_text(json.dumps({"latent_ranks": [10, "full", 24]}))
-    repro("convert-mla", "--pretrained", str(src), "--rotary-pairs", str(tmp_path / "pairs.json"),
-          "--latent-rank", str(tmp_path / "ranks.json"), "--out", str(tmp_path / "cut"))  # fmt: skip
+    repro("convert-mla", "--pretrained", str(src), "--rotary_pairs", str(tmp_path / "pairs.json"),
+          "--latent_rank", str(tmp_path / "ranks.json"), "--out", str(tmp_path / "cut"))  # fmt: skip
     cut = logits(tmp_path / "cut", IDS)
     assert (cut - logits(src, IDS)).abs().max() > 1e-3
     capsys.readouterr()
@@ -132,7 +132,7 @@ def test_a_cut_rank_changes_the_logits_and_caches_what_account_reports(sources, 
 @pytest.mark.parametrize("name", ["gqa-untied", "mha-tied"])
 def test_the_deepseek_v3_form_loads_with_transformers_and_gives_the_same_logits(name, sources, tmp_path):
     src = sources[name]
-    repro("convert-mla", "--pretrained", str(src), "--rotary-pairs", "3", "--latent-rank", "40",
+    repro("convert-mla", "--pretrained", str(src), "--rotary_pairs", "3", "--latent_rank", "40",
           "--out", str(tmp_path / "mla"), "--deepseek", str(tmp_path / "ds"))  # fmt: skip
     ours = logits(tmp_path / "mla", IDS)
     deepseek = AutoModelForCausalLM.from_pretrained(str(tmp_path / "ds")).eval()
@@ -149,12 +149,12 @@ def test_bad_conversions_fail_in_one_line_and_write_nothing(sources, tmp_path, c
     (tmp_path / "short.json").write_text("[1, 2]")
     short = str(tmp_path / "short.json")
     cases = [
-        (["--rotary-pairs", "2", "--latent-rank", "61"],
+        (["--rotary_pairs", "2", "--latent_rank", "61"],
          "layer 0 has 61; with 2 rotary pairs the layer's rank is at most 56"),
-        (["--rotary-pairs", "9", "--latent-rank", "full"], "layer 0 has 9; allowed 0..8 pairs"),
-        (["--rotary-pairs", short, "--latent-rank", "8"], "2 entries, but the model has 3 layers"),
-        (["--rotary-pairs", "2", "--latent-rank", "8", "--svd", "activations"], "give --calibration"),
-        (["--rotary-pairs", short + ":profiled", "--latent-rank", "8"], "names an allocation of a repro allocate"),
+        (["--rotary_pairs", "9", "--latent_rank", "full"], "layer 0 has 9; allowed 0..8 pairs"),
+        (["--rotary_pairs", short, "--latent_rank", "8"], "2 entries, but the model has 3 layers"),
+        (["--rotary_pairs", "2", "--latent_rank", "8", "--svd", "activations"], "give --calibration"),
+        (["--rotary_pairs", short + ":profiled", "--latent_rank", "8"], "names an allocation of a repro allocate"),
     ]  # fmt: skip
     for options, message in cases:
         with pytest.raises(SystemExit) as done:
@@ -163,7 +163,7 @@ def test_bad_conversions_fail_in_one_line_and_write_nothing(sources, tmp_path, c
         assert done.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
     (tmp_path / "ranks.json").write_text("[8, 8, 16]")
     with pytest.raises(SystemExit):
-        repro_main(["convert-mla", "--pretrained", src, "--rotary-pairs", "2", "--latent-rank",
+        repro_main(["convert-mla", "--pretrained", src, "--rotary_pairs", "2", "--latent_rank",
                     str(tmp_path / "ranks.json"), "--deepseek", str(tmp_path / "ds"),
                     "--out", str(tmp_path / "x")])  # fmt: skip
     assert "DeepseekV3 has one latent rank" in capsys.readouterr().err
@@ -174,7 +174,7 @@ def test_bad_conversions_fail_in_one_line_and_write_nothing(sources, tmp_path, c
         GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4)
     ).save_pretrained(str(gpt2))
     with pytest.raises(SystemExit):
-        repro_main(["convert-mla", "--pretrained", str(gpt2), "--rotary-pairs", "2", "--latent-rank", "8",
+        repro_main(["convert-mla", "--pretrained", str(gpt2), "--rotary_pairs", "2", "--latent_rank", "8",
                     "--out", str(tmp_path / "x")])  # fmt: skip
     assert "model_type 'gpt2' cannot be converted (it has no rotary embedding" in capsys.readouterr().err
     assert not (tmp_path / "x").exists() and not list(tmp_path.glob(".x.*"))  # nothing written, not even half
@@ -304,7 +304,7 @@ def test_the_rope_tools_on_a_pretrained_model_pair_order_coverage_profile_and_al
     repro("allocate", "--config", cfg, "--benefit", str(tmp_path / "c.json"), "--high", "1.0", "--low", "0.25",
           "--budget", "0.5", "--method", "profiled", "uniform", "--out", str(tmp_path / "two.json"))  # fmt: skip
     repro("profile", "allocations", "--config", cfg, "--allocation", str(tmp_path / "two.json"),
-          "--finetune-steps", "2", "--pair-order", str(tmp_path / "order.json"),
+          "--finetune_steps", "2", "--pair_order", str(tmp_path / "order.json"),
           "--out", str(tmp_path / "ft.json"))  # fmt: skip
     tuned = json.loads((tmp_path / "ft.json").read_text())
     runs = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "ft").glob("*.json")}
@@ -371,7 +371,9 @@ def test_repro_mla_plane_allocates_each_budget_per_layer_and_resumes(hf_config, 
     run = json.loads(next((tmp_path / "plane" / "runs").glob("uniform-N4-*-s0.json")).read_text())
     assert run["overrides"]["model.pretrained"].startswith(str(tmp_path / "plane" / "models"))
     assert any(r["pareto_zero_shot"] for r in table["rows"])
-    assert not any(r["pareto_zero_shot"] and r["zero_shot_broken@hf"] for r in table["rows"][1:])  # not ranked
+    assert not any(
+        r["pareto_zero_shot"] and r["zero_shot_broken@hf"] for r in table["rows"][1:]
+    )  # not ranked
     # make figures draws the plane (bytes, loss, FLOPs, the front; the recovery curves) from this table
     import shutil
 

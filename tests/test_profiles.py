@@ -171,16 +171,16 @@ def test_cli_chain_profile_allocate_transfer_account_fit(tmp_path, data_cache, c
             smoke,
             "--steps",
             "6",
-            "--eval-every",
+            "--eval_every",
             "3",
-            "--last-n",
+            "--last_n",
             "2",
             "--seeds",
             "0",
             "--out",
             "cov.json",
         ],
-        ["profile", "phase-off", "--config", smoke, "--ref-steps", "6", "--out", "po.json"],
+        ["profile", "phase-off", "--config", smoke, "--ref_steps", "6", "--out", "po.json"],
         ["transfer", "--profile", "cov.json", "--config", target, "--out", "tr.json"],
         [
             "allocate",
@@ -190,11 +190,11 @@ def test_cli_chain_profile_allocate_transfer_account_fit(tmp_path, data_cache, c
             "tr.json",
             "--out",
             "alloc.json",
-            "--write-configs",
+            "--write_configs",
             "cfgs",
         ],
         ["account", "--config", target, "--allocation", "alloc.json", "--out", "acc.json"],
-        ["analyze", "--benefit", "cov.json", "--phase-off", "po.json", "--out", "an.json"],
+        ["analyze", "--benefit", "cov.json", "--phase_off", "po.json", "--out", "an.json"],
     ]
     monkeypatch.chdir(tmp_path)
     for args in steps:  # in this process (repro.cli.main with the command line); the fit below is the script
@@ -296,7 +296,7 @@ def test_cli_chain_profile_allocate_transfer_account_fit(tmp_path, data_cache, c
             "no layers",
         ),
         (
-            ["profile", "phase-off", "--config", "{smoke}", "--ckpt-path", "{missing}", "--out", "p.json"],
+            ["profile", "phase-off", "--config", "{smoke}", "--ckpt_path", "{missing}", "--out", "p.json"],
             "no such file",
         ),
     ],

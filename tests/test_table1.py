@@ -261,7 +261,7 @@ def test_every_shipped_settings_file_plans_both_halves(path, tmp_path):
 
 
 def test_a_step_time_no_gpu_could_run_at_is_flagged_in_the_plan():
-    """--step-time is one step of the reference model: the plan says the TFLOP/s it implies, and warns
+    """--step_time is one step of the reference model: the plan says the TFLOP/s it implies, and warns
     when that is above any GPU's peak (a step time of a smaller scale's model, say)."""
     from repro.experiments.kit.compute_plan import PlannedRun, plan_lines
 

@@ -29,7 +29,7 @@ def calibration_batches(config_path: str | os.PathLike, blocks: int, cache_dir: 
     model, datamodule = pretrained_model_and_data(config_path, cache_dir)
     train = datamodule.train_set
     if blocks > len(train):
-        raise ValueError(f"--calibration-blocks={blocks}: the training text has {len(train)} blocks")
+        raise ValueError(f"--calibration_blocks={blocks}: the training text has {len(train)} blocks")
     step = len(train) / blocks
     return model, [train.__getitems__([int(i * step)]).batch for i in range(blocks)]
 
@@ -106,7 +106,7 @@ def attention_input_moments(model: HFCausalLM, batches: list[dict[str, torch.Ten
 
 def pair_order_file(config_path: str | os.PathLike, blocks: int, out: str | os.PathLike) -> dict[str, Any]:
     """``repro profile pair-order``: the pair order of the config's pretrained model on ``blocks``
-    blocks of its training text, written to ``out`` (the file ``--pair-order`` reads)."""
+    blocks of its training text, written to ``out`` (the file ``--pair_order`` reads)."""
     from repro.files import write_json_atomic
 
     model, batches = calibration_batches(config_path, blocks)

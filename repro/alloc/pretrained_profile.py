@@ -178,7 +178,7 @@ def pretrained_model_and_data(
         missing = [n for n, _ in model.hf.named_parameters(remove_duplicate=False) if n not in state]
         if len(missing) == len(list(model.hf.named_parameters(remove_duplicate=False))):
             raise ValueError(
-                f"--ckpt-path {str(checkpoint)!r}: its weights are not those of model.pretrained={location!r} "
+                f"--ckpt_path {str(checkpoint)!r}: its weights are not those of model.pretrained={location!r} "
                 f"(no parameter name in common); give the config the checkpoint was trained with"
             )
         model.materialize(source=lambda name: state[name])
@@ -210,9 +210,9 @@ def measure_pretrained_profile(
     """The profile of the config's pretrained model, or of ``checkpoint`` (a fine-tune of it) when
     given, on its validation batches. ``progress(done, total)`` is called after each evaluation."""
     if not 0.0 <= fraction < 1.0:
-        raise ValueError(f"--rotary-fraction={fraction!r}: must be in [0, 1) (0: no rotary phase)")
+        raise ValueError(f"--rotary_fraction={fraction!r}: must be in [0, 1) (0: no rotary phase)")
     if per_head and fraction != 0.0:
-        raise ValueError("--per-head measures phase-off (no rotary phase): give it without --rotary-fraction")
+        raise ValueError("--per_head measures phase-off (no rotary phase): give it without --rotary_fraction")
     model, datamodule = pretrained_model_and_data(config_path, cache_dir, checkpoint)
     batches = list(datamodule.val_dataloader())
     if per_head:

@@ -64,12 +64,12 @@ class Finetune:
 
     def __post_init__(self) -> None:
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps <= 0:
-            raise ValueError(f"--finetune-steps={self.steps!r}: a positive number of steps")
+            raise ValueError(f"--finetune_steps={self.steps!r}: a positive number of steps")
         if len(set(self.seeds)) != len(self.seeds) or not self.seeds:
             raise ValueError(f"--seeds {list(self.seeds)}: give one or more distinct seeds")
         every = self.eval_every
         if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every <= 0):
-            raise ValueError(f"--finetune-eval-every={every!r}: a positive number of steps")
+            raise ValueError(f"--finetune_eval_every={every!r}: a positive number of steps")
 
     def record(self) -> dict[str, Any]:
         """What a result says of its fine-tunes."""

@@ -1,9 +1,9 @@
 """``repro data prepare|info|verify``: make a prepared corpus, say what one holds, check its checksums.
 
-    repro data prepare shakespeare --out data/plays --tokenizer bpe --vocab-size 8192
+    repro data prepare shakespeare --out data/plays --tokenizer bpe --vocab_size 8192
     repro data prepare 'corpus/*.jsonl.gz' --out data/mine --tokenizer path/to/model   # a model's tokenizer
-    repro data prepare HuggingFaceFW/fineweb-edu --hub-config sample-10BT --out data/fineweb-edu \\
-        --val-fraction 0.0005 --workers 16                                              # needs the network
+    repro data prepare HuggingFaceFW/fineweb-edu --hub_config sample-10BT --out data/fineweb-edu \\
+        --val_fraction 0.0005 --workers 16                                              # needs the network
     repro data info data/plays
     repro data verify data/plays
 """
@@ -44,24 +44,24 @@ def parser() -> Parser:
     prep.add_fields(PrepareSettings, "out")
     prep.add_fields(Source, "format", "text_column", "name_column", "hub_config", "hub_split")
     prep.add_argument(
-        "--source-splits",
+        "--source_splits",
         type=_source_splits,
         default="",
         help="take the source's own splits: e.g. train=train,validation=validation,test=test",
     )
     prep.add_fields(PrepareSettings, "tokenizer", "vocab_size")
     prep.add_argument(
-        "--tokenizer-sample-mb",
+        "--tokenizer_sample_mb",
         type=PositiveFloat,
         default=200.0,
         help="a trained tokenizer learns from this much text",
     )
     prep.add_fields(
         PrepareSettings, "eos_token", "val_fraction", "test_fraction", "split_seed", "max_documents", "shard_tokens",
-        "workers", dtype="token_dtype", **{"no-progress": "progress"},
+        "workers", dtype="token_dtype", no_progress="progress",
     )  # fmt: skip
-    prep.add_argument("--val-documents", nargs="*", default=[], help="file sources: the documents held out")
-    prep.add_argument("--test-documents", nargs="*", default=[], help="file sources: held-out ones that test")
+    prep.add_argument("--val_documents", nargs="*", default=[], help="file sources: the documents held out")
+    prep.add_argument("--test_documents", nargs="*", default=[], help="file sources: held-out ones that test")
     for name, what in (("info", "what a prepared folder holds"), ("verify", "check every shard's checksum")):
         action = sub(name, help=what)
         action.add_argument("folder", help="a folder made by repro data prepare")

@@ -78,7 +78,7 @@ class PrepareSettings:
         bad = sorted(set(self.source_splits) - {"train", "validation", "test"})
         if bad or (self.source_splits and "train" not in self.source_splits):
             raise ValueError(
-                f"--source-splits={self.source_splits}: map train (and validation, test) to the source's split names"
+                f"--source_splits={self.source_splits}: map train (and validation, test) to the source's split names"
             )
 
     @property
@@ -119,7 +119,7 @@ def split_items(settings: PrepareSettings, resolved: ResolvedSource) -> Iterator
         return
     if resolved.names is not None:  # file sources: split by name, then each split in name order
         if settings.max_documents is not None:
-            raise ValueError("--max-documents applies to row sources; give fewer files instead")
+            raise ValueError("--max_documents applies to row sources; give fewer files instead")
         parts = split_names(
             list(resolved.names),
             settings.val_fraction,
@@ -136,7 +136,7 @@ def split_items(settings: PrepareSettings, resolved: ResolvedSource) -> Iterator
         return
     if settings.val_documents or settings.test_documents:
         raise ValueError(
-            "--val-documents/--test-documents name files; a row source is split by --val-fraction"
+            "--val_documents/--test_documents name files; a row source is split by --val_fraction"
         )
     for i, doc in enumerate(iter_documents(resolved)):
         if settings.max_documents is not None and i >= settings.max_documents:

@@ -2,7 +2,7 @@
 model's fine-tuning (one process or a pipeline: both hold the full model) back as a Hugging Face
 folder that ``from_pretrained`` and any evaluation tool read (config, sharded safetensors, every
 tokenizer file of the source), and as a GGUF file that llama.cpp and Ollama run (a Llama-family
-model: ``--gguf-type f32|f16|q8_0``; ``repro.models.gguf_export``)."""
+model: ``--gguf_type f32|f16|q8_0``; ``repro.models.gguf_export``)."""
 
 from __future__ import annotations
 
@@ -36,10 +36,10 @@ def main(argv: list[str]) -> int:
         "--gguf", default=None, help="also (or only) the GGUF file to write (a Llama-family model)"
     )
     parser.add_argument(
-        "--gguf-type", choices=TYPES, default="f32", help="the GGUF's matrices: f32, f16 or q8_0"
+        "--gguf_type", choices=TYPES, default="f32", help="the GGUF's matrices: f32, f16 or q8_0"
     )
     parser.add_argument(
-        "--gguf-pre",
+        "--gguf_pre",
         default=None,
         help="llama.cpp's name of the tokenizer's pre-tokenizer (default: the source GGUF's, or gpt-2 for GPT-2's own)",
     )

@@ -32,7 +32,7 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--text", default=COMPARE_TEXT, help="--compare: the text both read")
     parser.add_argument(
-        "--kv-cache",
+        "--kv_cache",
         choices=("f32", "f16"),
         default="f32",
         help="--compare: llama.cpp's KV cache (its default is f16)",

@@ -53,7 +53,7 @@ def check_exportable(config, gguf_type: str) -> None:
             f"{', '.join(EXPORTABLE)})"
         )
     if gguf_type not in TYPES:
-        raise HFModelError(f"--gguf-type={gguf_type!r}: allowed {', '.join(TYPES)}")
+        raise HFModelError(f"--gguf_type={gguf_type!r}: allowed {', '.join(TYPES)}")
     rope = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
     if rope != "default":
         raise HFModelError(f"--gguf: rope_type {rope!r} is not exported (default rotary embedding only)")
@@ -75,7 +75,7 @@ def _tensor(array: np.ndarray, gguf_type: str, name: str):
     try:
         return gguf.quants.quantize(array, gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0
     except gguf.quants.QuantError as exc:  # a width that is not a multiple of the block
-        raise HFModelError(f"--gguf-type q8_0: tensor {name} of shape {array.shape}: {exc}") from None
+        raise HFModelError(f"--gguf_type q8_0: tensor {name} of shape {array.shape}: {exc}") from None
 
 
 def _copy_tokenizer_from(source_gguf: Path, writer) -> None:
@@ -128,7 +128,7 @@ def _write_tokenizer(folder: Path, config, writer, pre: str | None) -> None:
     if pre is None:
         if not _gpt2_pre_tokenizer(tok):
             raise HFModelError(
-                "--gguf: the tokenizer's pre-tokenizer is not GPT-2's; give llama.cpp's name for it with --gguf-pre "
+                "--gguf: the tokenizer's pre-tokenizer is not GPT-2's; give llama.cpp's name for it with --gguf_pre "
                 "(e.g. llama-bpe, qwen2, smollm)"
             )
         pre = "gpt-2"

@@ -96,20 +96,20 @@ def plan_widths(
     bad value and what is allowed."""
     n_layer, n_kv = config.num_hidden_layers, config.num_key_value_heads
     half = head_dim_of(config) // 2
-    pairs = per_layer(rotary_pairs, n_layer, "--rotary-pairs")
-    ranks = per_layer(latent_rank, n_layer, "--latent-rank")
+    pairs = per_layer(rotary_pairs, n_layer, "--rotary_pairs")
+    ranks = per_layer(latent_rank, n_layer, "--latent_rank")
     out = []
     for layer, (n, r) in enumerate(zip(pairs, ranks)):
         n = half if n == "all" else n
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= half:
             raise ValueError(
-                f"--rotary-pairs: layer {layer} has {n!r}; allowed 0..{half} pairs per key/value head, or 'all'"
+                f"--rotary_pairs: layer {layer} has {n!r}; allowed 0..{half} pairs per key/value head, or 'all'"
             )
         top = full_rank(config, n)
         r = top if r == "full" else r
         if isinstance(r, bool) or not isinstance(r, int) or not 1 <= r <= top:
             raise ValueError(
-                f"--latent-rank: layer {layer} has {r!r}; with {n} rotary pairs the layer's rank is at most "
+                f"--latent_rank: layer {layer} has {r!r}; with {n} rotary pairs the layer's rank is at most "
                 f"{top} (min(d_model, n_kv * (2 * head_dim - 2 * pairs))); allowed 1..{top} or 'full'"
             )
         heads = [list(range(half))] * n_kv if order is None else order[layer]

@@ -64,7 +64,7 @@ def generate_jsonl(path: Path, megabytes: float, seed: int = 0) -> int:
 def _prepare_cmd(source: Path, out: Path, tokenizer: str, workers: int) -> list[str]:
     return [
         sys.executable, "-m", "repro.cli", "data", "prepare", str(source), "--out", str(out),
-        "--tokenizer", tokenizer, "--workers", str(workers), "--no-progress", "--val-fraction", "0.01",
+        "--tokenizer", tokenizer, "--workers", str(workers), "--no_progress", "--val_fraction", "0.01",
     ]  # fmt: skip
 
 

@@ -1,5 +1,5 @@
 """Measured step times of the grid's rows on real shaped links (``link_steps`` > 0, or
-``repro clapping --link-steps N``): every distinct (method, compressors, p) of the table trains for
+``repro clapping --link_steps N``): every distinct (method, compressors, p) of the table trains for
 a few steps with its K ranks in K network namespaces joined by veth links shaped to
 ``bandwidth_mbps`` (``repro bench --sections link``, run as a command), next to ``none`` on the same
 links and the Amdahl bound from ``none``'s measured split into compute (the same run on unshaped

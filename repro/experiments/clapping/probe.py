@@ -2,8 +2,8 @@
 length and dataset size N, and what the seeds could resolve there: the numbers the fine-tune
 regime is sized by (the Clapping counterpart of ``repro table1 --probe``).
 
-For each (steps, N) pair, a few fine-tune rows (``none`` and the ``--probe-methods``, at the grid's
-first compressor or ``--probe-compressor``, and for the Clapping methods at the grid's first p)
+For each (steps, N) pair, a few fine-tune rows (``none`` and the ``--probe_methods``, at the grid's
+first compressor or ``--probe_compressor``, and for the Clapping methods at the grid's first p)
 are trained for every seed from the same base model as the table, one evaluation at the end. Per
 pair: ``none``'s mean and seed std, and for every other row the paired difference to ``none``
 (mean, std of the differences, p); then, from the pooled std of the paired differences, the
@@ -13,7 +13,7 @@ defaults to the settings' N scaled with the steps, so every pair passes over its
 times as the table's rows do. At the table's own (steps, N) the probe's runs are the table's
 (written to ``<out>/runs``), so a probe at that length costs the table nothing.
 
-    repro clapping --scale cpu --probe --probe-steps 80 320 --probe-compressor 'quant(4)/quant(8)'
+    repro clapping --scale cpu --probe --probe_steps 80 320 --probe_compressor 'quant(4)/quant(8)'
 """
 
 from __future__ import annotations
@@ -42,16 +42,16 @@ def probe_lengths(
 ) -> list[tuple[int, int]]:
     """The (steps, N) pairs: ``blocks`` one per step count, or N scaled with the steps."""
     if not steps or any(s <= 0 for s in steps):
-        raise ValueError(f"--probe-steps {steps}: positive step counts")
+        raise ValueError(f"--probe_steps {steps}: positive step counts")
     if blocks is None:
         if settings.finetune_blocks is None:
             raise ValueError(
-                "--probe-blocks: give N per step count (the settings' finetune_blocks is null: all)"
+                "--probe_blocks: give N per step count (the settings' finetune_blocks is null: all)"
             )
         ratio = settings.finetune_blocks / settings.finetune.steps
         return [(n, max(1, round(n * ratio))) for n in steps]
     if len(blocks) != len(steps) or any(b <= 0 for b in blocks):
-        raise ValueError(f"--probe-blocks {blocks}: one positive N per --probe-steps value ({steps})")
+        raise ValueError(f"--probe_blocks {blocks}: one positive N per --probe_steps value ({steps})")
     return list(zip(steps, blocks))
 
 
@@ -68,7 +68,7 @@ def probe(
     bad = [m for m in methods if m not in EXPERIMENT_METHODS or m == "none"]
     if bad or not methods:
         raise ValueError(
-            f"--probe-methods {list(methods)}: methods compared with none, from {EXPERIMENT_METHODS[1:]}"
+            f"--probe_methods {list(methods)}: methods compared with none, from {EXPERIMENT_METHODS[1:]}"
         )
     if "finetune" not in settings.regimes:
         raise ValueError(

@@ -312,7 +312,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"model's shape, {report['link'].get('repeats', 1)} interleaved repeat(s) (the CI with 2 or more); "
             "the Amdahl bound from none's compute (its ranks' CPU time per step in the same run) and link time."
             if report.get("link")
-            else " (`repro clapping --link-steps N` measures each row's step time on real shaped links)."
+            else " (`repro clapping --link_steps N` measures each row's step time on real shaped links)."
         ),
         "",
     ]

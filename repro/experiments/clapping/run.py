@@ -206,36 +206,36 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_fields(ClappingSettings, "seeds", "accelerator", defaults=False)  # overrides of the settings
     parser.add_argument("--out", default="results/clapping", help="results directory")
     parser.add_argument(
-        "--cache-dir", default=None, help="tokenizer and token cache (default: the config's data.cache_dir)"
+        "--cache_dir", default=None, help="tokenizer and token cache (default: the config's data.cache_dir)"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     add_scale_args(parser, "one run of the grid (all K stages; the run holds K GPUs)", "the table")
     parser.add_argument(
         "--probe",
         action="store_true",
-        help="train only the fine-tune noise probe: none and --probe-methods, every seed, at each "
-        "--probe-steps; prints the seed noise and the seeds a target difference needs (writes "
+        help="train only the fine-tune noise probe: none and --probe_methods, every seed, at each "
+        "--probe_steps; prints the seed noise and the seeds a target difference needs (writes "
         "<out>/probe.{md,json}; the base model is the table's, reused from <out>)",
     )
     parser.add_argument(
-        "--probe-steps", type=PositiveInt, nargs="+", default=None, help="fine-tune lengths of the probe"
+        "--probe_steps", type=PositiveInt, nargs="+", default=None, help="fine-tune lengths of the probe"
     )
     parser.add_argument(
-        "--probe-blocks",
+        "--probe_blocks",
         type=PositiveInt,
         nargs="+",
         default=None,
-        help="N (fine-tune training blocks) per --probe-steps value (default: the settings' N scaled with the "
+        help="N (fine-tune training blocks) per --probe_steps value (default: the settings' N scaled with the "
         "steps, as many epochs as the table's rows)",
     )
     parser.add_argument(
-        "--probe-methods",
+        "--probe_methods",
         nargs="+",
         default=list(PROBE_METHODS),
         help=f"rows compared with none (default {' '.join(PROBE_METHODS)})",
     )
     parser.add_argument(
-        "--probe-compressor",
+        "--probe_compressor",
         default=None,
         help="the compressor of the probe's rows, C or F/B (default: the fine-tune grid's first)",
     )

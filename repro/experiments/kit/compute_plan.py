@@ -1,7 +1,7 @@
 """What an experiment costs before it runs (``--plan``): its runs, steps and tokens, and the
 GPU-hours they need from a step time, with the wall time on N GPUs.
 
-A step time is given for one reference model (``--step-time``, seconds of one GPU per optimizer
+A step time is given for one reference model (``--step_time``, seconds of one GPU per optimizer
 step; with several runs sharing a GPU, the GPU's wall time divided by the runs it trains at once),
 or measured here by a few steps of it. Runs of other models are scaled by their training FLOPs per
 step (counted on the meta device). Wall time on N GPUs packs the runs of each stage onto N GPUs,
@@ -111,7 +111,7 @@ def plan_lines(
         )
     if step_time is None:
         lines.append(
-            f"  {unit}-hours: give --step-time SECONDS (one {unit}'s seconds per optimizer step of "
+            f"  {unit}-hours: give --step_time SECONDS (one {unit}'s seconds per optimizer step of "
             f"{reference}, e.g. from make bench-gpu), or run --plan on the GPU machine to measure it"
         )
         return lines
@@ -126,7 +126,7 @@ def plan_lines(
     if rate > PEAK_FLOPS:
         lines.append(
             f"  WARNING: above the bf16 dense peak of any one GPU ({PEAK_FLOPS / 1e12:.0f} TFLOP/s, an H200): "
-            f"--step-time must be one step of {reference}, not of another scale's model"
+            f"--step_time must be one step of {reference}, not of another scale's model"
         )
     for n in gpus:
         lines.append(

@@ -1,6 +1,6 @@
 """The command-line options every experiment shares: which settings (``--scale`` or
 ``--settings``, one rule for table1 and clapping) and running at scale (``--shard``, ``--plan``,
-``--step-time`` and ``--runs-per-gpu``, one wording for table1, clapping and the coverage profile)."""
+``--step_time`` and ``--runs_per_gpu``, one wording for table1, clapping and the coverage profile)."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def parse_experiment_args(
 
 def add_scale_args(parser: argparse.ArgumentParser, step_time_of: str, what: str = "the result") -> None:
     parser.add_argument(
-        "--runs-per-gpu",
+        "--runs_per_gpu",
         type=PositiveInt,
         default=None,
         help="GPU: runs sharing each GPU (small models leave a GPU idle); every visible GPU is used",
@@ -71,7 +71,7 @@ def add_scale_args(parser: argparse.ArgumentParser, step_time_of: str, what: str
         "--plan", action="store_true", help="print the runs, steps, tokens and GPU-hours without training"
     )
     parser.add_argument(
-        "--step-time",
+        "--step_time",
         type=PositiveFloat,
         default=None,
         help=f"with --plan: one GPU's seconds per optimizer step of {step_time_of}; default: measured by a few "

@@ -269,7 +269,7 @@ def build_parser() -> Parser:
         "--accelerator", default="cpu", help="--plan: the device a step is measured on (cpu, gpu)"
     )
     parser.add_argument(
-        "--step-time", type=float, default=None, help="--plan: one GPU's seconds per fine-tune step"
+        "--step_time", type=float, default=None, help="--plan: one GPU's seconds per fine-tune step"
     )
     parser.add_argument("--out", type=Path, default=None, help="the results folder (default: the settings')")
     parser.add_argument("-v", "--verbose", action="store_true", help="show Lightning's own lines too")

@@ -36,7 +36,7 @@ def _levels_args(p: argparse.ArgumentParser) -> None:
 
 def _runs_args(p: argparse.ArgumentParser, default: str = "<out>.runs/") -> None:
     p.add_argument(
-        "--runs-dir",
+        "--runs_dir",
         type=Path,
         default=None,
         help=f"where each training run writes its result JSON and TensorBoard log (default: {default}); "
@@ -73,32 +73,32 @@ def build_parser() -> argparse.ArgumentParser:
     po.add_argument("--config", required=True, type=Path, help="the repro fit YAML of the model and data")
     src = po.add_mutually_exclusive_group()  # one of them for the suite's GPT; a pretrained model is its own
     src.add_argument(
-        "--ckpt-path",
+        "--ckpt_path",
         type=Path,
         help="a trained checkpoint of this config's model (e.g. final.ckpt); with a model.pretrained config, a "
         "fine-tune of that model (default: its pretrained weights)",
     )
     src.add_argument(
-        "--ref-steps",
+        "--ref_steps",
         type=PositiveInt,
         help="train the all-high reference for this many steps first (resumable)",
     )
     po.add_argument(
-        "--seed", type=NonNegativeInt, default=0, help="seed of the reference run (with --ref-steps)"
+        "--seed", type=NonNegativeInt, default=0, help="seed of the reference run (with --ref_steps)"
     )
     po.add_argument(
-        "--eval-every",
+        "--eval_every",
         type=PositiveInt,
         default=None,
         help="validation interval of the reference run (default: steps/5)",
     )
     po.add_argument(
-        "--per-head",
+        "--per_head",
         action="store_true",
         help="also measure every head of every layer (a pretrained model: every key/value head)",
     )
     po.add_argument(
-        "--rotary-fraction",
+        "--rotary_fraction",
         type=ClosedUnitInterval,
         default=0.0,
         help="a pretrained model (model.pretrained): each layer keeps only this highest-frequency fraction of "
@@ -124,26 +124,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="T_early: steps per run (default: early-fraction x full-steps)",
     )
     cov.add_argument(
-        "--early-fraction",
+        "--early_fraction",
         type=Probability,
         default=EARLY_FRACTION,
         help=f"T_early as a fraction of the full run (default {EARLY_FRACTION:g})",
     )
     cov.add_argument(
-        "--full-steps",
+        "--full_steps",
         type=PositiveInt,
         default=None,
         help="steps of the full run (default: the config's trainer.max_steps)",
     )
     cov.add_argument(
-        "--lr-schedule",
+        "--lr_schedule",
         choices=("full-run", "early-run"),
         default="full-run",
         help="full-run: the runs follow the full run's lr schedule, stopped early; "
         "early-run: the schedule is compressed into T_early steps",
     )
     cov.add_argument(
-        "--eval-every",
+        "--eval_every",
         type=PositiveInt,
         default=None,
         help=f"validation interval in steps (default: T_early/{EVALUATIONS})",
@@ -166,12 +166,12 @@ def build_parser() -> argparse.ArgumentParser:
         "fidelity",
         help="does the early profile predict the late one? (coverage and phase-off along one full run)",
         description="Train the coverage-benefit profile runs and the all-high reference to the full length, "
-        "evaluating every --eval-every steps, and report at every evaluation the Spearman of the profile "
+        "evaluating every --eval_every steps, and report at every evaluation the Spearman of the profile "
         "there against the final one, its seed stability, and the phase-off profile of the reference there.",
     )
     fid.add_argument("--config", required=True, type=Path, help="the model config to profile")
     fid.add_argument(
-        "--full-steps", type=PositiveInt, required=True, help="steps of the full run (and of every run here)"
+        "--full_steps", type=PositiveInt, required=True, help="steps of the full run (and of every run here)"
     )
     fid.add_argument(
         "--seeds",
@@ -181,10 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="profile seeds (default 0 1 2 3)",
     )
     fid.add_argument(
-        "--eval-every", type=PositiveInt, required=True, help="evaluation (and checkpoint) interval in steps"
+        "--eval_every", type=PositiveInt, required=True, help="evaluation (and checkpoint) interval in steps"
     )
     fid.add_argument(
-        "--last-n", type=PositiveInt, default=2, help="a profile loss = mean of the last n evaluations"
+        "--last_n", type=PositiveInt, default=2, help="a profile loss = mean of the last n evaluations"
     )
     fid.add_argument("--out", required=True, type=Path, help="output JSON")
     _levels_args(fid)
@@ -217,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     al.add_argument("--benefit", type=Path, help="coverage-benefit profile JSON (profiled, inverse)")
     al.add_argument("--transferred", type=Path, help="transferred profile JSON (transferred)")
-    al.add_argument("--phase-off", type=Path, help="phase-off profile JSON (phase-off-k)")
+    al.add_argument("--phase_off", type=Path, help="phase-off profile JSON (phase-off-k)")
     al.add_argument(
         "--draws", type=NonNegativeInt, default=3, help="random-k: number of seeded draws R (default 3)"
     )
@@ -229,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     al.add_argument("--out", required=True, type=Path, help="output JSON with every allocation")
     al.add_argument(
-        "--write-configs",
+        "--write_configs",
         type=Path,
         default=None,
         help="also write one repro fit YAML per allocation into this folder (train with repro fit --config)",
@@ -247,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     target = tr.add_mutually_exclusive_group(required=True)
     target.add_argument("--config", type=Path, help="the target model's repro fit YAML")
-    target.add_argument("--target-layers", type=PositiveInt, help="number of layers of the target model")
+    target.add_argument("--target_layers", type=PositiveInt, help="number of layers of the target model")
     tr.add_argument(
         "--method", choices=("linear", "nearest"), default="linear", help="interpolation (default linear)"
     )
@@ -287,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the model's max_position_embeddings)",
     )
     ac.add_argument(
-        "--bytes-per-elem", type=PositiveInt, default=2, help="bytes per cached element (default 2, bf16)"
+        "--bytes_per_elem", type=PositiveInt, default=2, help="bytes per cached element (default 2, bf16)"
     )
     ac.add_argument("--out", type=Path, default=None, help="output JSON (default: print only)")
 
@@ -297,10 +297,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="The brief analysis of PROTOCOL.md §R5 from saved profiles and results.",
     )
     an.add_argument("--benefit", type=Path, help="coverage-benefit profile JSON (stability across seeds)")
-    an.add_argument("--phase-off", type=Path, help="phase-off profile JSON (Spearman against --benefit)")
+    an.add_argument("--phase_off", type=Path, help="phase-off profile JSON (Spearman against --benefit)")
     an.add_argument("--transferred", type=Path, help="transferred profile JSON (fidelity against --benefit)")
     an.add_argument(
-        "--top-k", type=PositiveInt, default=None, help="k for the top-k Jaccard of transfer fidelity"
+        "--top_k", type=PositiveInt, default=None, help="k for the top-k Jaccard of transfer fidelity"
     )
     an.add_argument(
         "--calibration",

@@ -230,7 +230,7 @@ def _analyze(args) -> None:
     if args.phase_off:
         phase_off = LayerProfile.load(args.phase_off)
         if benefit is None:
-            raise ValueError("--phase-off needs --benefit to compare with")
+            raise ValueError("--phase_off needs --benefit to compare with")
         phase_off.check_matches(benefit.n_layer, "the coverage-benefit profile")
         out["phase_off_vs_benefit_spearman"] = spearman(phase_off.values, benefit.values)
     if args.transferred:
@@ -256,7 +256,7 @@ def _analyze(args) -> None:
         out["calibration"] = calibration(predicted, [float(r["realized_gain"]) for r in records])
     if not out:
         raise ValueError(
-            "nothing to analyze: give --benefit (with 2+ seeds), --phase-off, --transferred or --calibration"
+            "nothing to analyze: give --benefit (with 2+ seeds), --phase_off, --transferred or --calibration"
         )
     write_json_atomic(args.out, out)
     print(json.dumps(out, indent=2))

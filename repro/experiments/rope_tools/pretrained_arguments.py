@@ -14,29 +14,29 @@ def add_finetune_args(p: argparse.ArgumentParser, what: str) -> None:
     """A pretrained model's short fine-tune of every rotation before it is evaluated."""
     g = p.add_argument_group("a pretrained model's fine-tunes (model.pretrained configs)")
     g.add_argument(
-        "--finetune-steps",
+        "--finetune_steps",
         type=NonNegativeInt,
         default=0,
         help=f"fine-tune {what} this many steps before it is evaluated, through the run engine (runs in "
         "<out without .json>/, resumable); 0, the default: zero-shot",
     )
     g.add_argument(
-        "--finetune-lr", type=PositiveFloat, default=None, help="peak learning rate (default: the config's)"
+        "--finetune_lr", type=PositiveFloat, default=None, help="peak learning rate (default: the config's)"
     )
     g.add_argument(
-        "--finetune-batch-size",
+        "--finetune_batch_size",
         type=PositiveInt,
         default=None,
         help="blocks per fine-tune batch (default: the config's)",
     )
     g.add_argument(
-        "--finetune-eval-every",
+        "--finetune_eval_every",
         type=PositiveInt,
         default=None,
         help="validate every this many fine-tune steps (the loss against steps; default: at the end only)",
     )
     g.add_argument(
-        "--finetune-config",
+        "--finetune_config",
         type=Path,
         default=None,
         help="the repro fit YAML the fine-tunes train on (same model.pretrained; e.g. a shorter context than "
@@ -46,7 +46,7 @@ def add_finetune_args(p: argparse.ArgumentParser, what: str) -> None:
 
 def add_pair_order_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--pair-order",
+        "--pair_order",
         type=Path,
         default=None,
         help="a pretrained model: which rotary pairs a layer keeps, per key/value head (a file of repro profile "
@@ -74,7 +74,7 @@ def add_pretrained_subcommands(psub) -> None:
     nope.add_argument("--seed", type=NonNegativeInt, default=0, help="random-k: seed of the first draw")
     nope.add_argument("--out", required=True, type=Path, help="output JSON (and a .md table beside it)")
     nope.add_argument(
-        "--finetune-steps",
+        "--finetune_steps",
         type=NonNegativeInt,
         default=0,
         help="fine-tune every allocation (and full RoPE) this many steps before the test, through the run "
@@ -86,10 +86,10 @@ def add_pretrained_subcommands(psub) -> None:
     nope.add_argument(
         "--plan",
         action="store_true",
-        help="with --finetune-steps: print the fine-tunes' cost and exit (no training)",
+        help="with --finetune_steps: print the fine-tunes' cost and exit (no training)",
     )
     nope.add_argument(
-        "--step-time",
+        "--step_time",
         type=PositiveFloat,
         default=None,
         help="--plan: one GPU's seconds per step of the config",
@@ -98,10 +98,10 @@ def add_pretrained_subcommands(psub) -> None:
         "--accelerator", default="cpu", help="--plan: the device the plan measures a step on (cpu, gpu)"
     )
     nope.add_argument(
-        "--finetune-lr", type=PositiveFloat, default=None, help="peak learning rate (default: the config's)"
+        "--finetune_lr", type=PositiveFloat, default=None, help="peak learning rate (default: the config's)"
     )
     nope.add_argument(
-        "--finetune-batch-size",
+        "--finetune_batch_size",
         type=PositiveInt,
         default=None,
         help="blocks per fine-tune batch (default: the config's)",
@@ -127,9 +127,9 @@ def add_pretrained_subcommands(psub) -> None:
     alloc.add_argument(
         "--seeds", type=NonNegativeInt, nargs="+", default=[0], help="fine-tune seeds (data order; default 0)"
     )
-    alloc.add_argument("--plan", action="store_true", help="with --finetune-steps: print the cost and exit")
+    alloc.add_argument("--plan", action="store_true", help="with --finetune_steps: print the cost and exit")
     alloc.add_argument(
-        "--step-time",
+        "--step_time",
         type=PositiveFloat,
         default=None,
         help="--plan: one GPU's seconds per step of the config",
@@ -154,7 +154,7 @@ def add_pretrained_subcommands(psub) -> None:
         help="a pretrained model: its rotary pairs ranked per key/value head by q.k contribution (MHA2MLA)",
         description="MHA2MLA's 2-norm selection: per layer and key/value head, the rotary pairs by decreasing "
         "mean ||q_i|| (over the query heads reading it) x mean ||k_i|| on blocks of the config's training text. "
-        "--pair-order (profile coverage|allocations, convert-mla) reads the file.",
+        "--pair_order (profile coverage|allocations, convert-mla) reads the file.",
     )
     order.add_argument(
         "--config", required=True, type=Path, help="the repro fit YAML naming model.pretrained"

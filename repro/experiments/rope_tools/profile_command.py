@@ -81,8 +81,8 @@ def profile_command(args) -> None:
     if args.profile_kind == "phase-off" and pretrained_config(args.config) is not None:
         if args.ref_steps is not None:
             raise ValueError(
-                "--ref-steps trains the suite's GPT; a model.pretrained config is profiled as it is, or from "
-                "--ckpt-path (a fine-tune of it)"
+                "--ref_steps trains the suite's GPT; a model.pretrained config is profiled as it is, or from "
+                "--ckpt_path (a fine-tune of it)"
             )
         weights = f"{args.ckpt_path}" if args.ckpt_path else "the pretrained weights"
         print(f"[phase-off] profiling {weights} of {args.config}", file=sys.stderr)
@@ -98,7 +98,7 @@ def profile_command(args) -> None:
         return
     if args.profile_kind == "phase-off" and args.ckpt_path is None and args.ref_steps is None:
         raise ValueError(
-            "repro profile phase-off: give --ckpt-path or --ref-steps (or a config with model.pretrained)"
+            "repro profile phase-off: give --ckpt_path or --ref_steps (or a config with model.pretrained)"
         )
     if args.profile_kind == "coverage" and pretrained_config(args.config) is not None:
         _pretrained_coverage(args)
@@ -124,8 +124,8 @@ def profile_command(args) -> None:
         steps = args.steps
         if steps is None:
             if full <= 0:
-                raise ValueError("give --steps, or --full-steps, or a config with trainer.max_steps")
-            steps = early_steps(full, args.early_fraction, "--early-fraction")
+                raise ValueError("give --steps, or --full_steps, or a config with trainer.max_steps")
+            steps = early_steps(full, args.early_fraction, "--early_fraction")
         settings = CoverageProfileSettings(
             steps=steps,
             seeds=tuple(args.seeds),
@@ -223,7 +223,7 @@ def _pretrained_coverage(args) -> None:
     finetune = finetune_of(args, args.out.with_suffix(""), args.seeds)
     if args.plan:
         if finetune is None:
-            raise ValueError("--plan: only with --finetune-steps (the zero-shot profile trains nothing)")
+            raise ValueError("--plan: only with --finetune_steps (the zero-shot profile trains nothing)")
         n = config.attention_shape().n_layer
         specs = rotation_specs(finetune, coverage_rotations(n, levels.low, levels.high), n, args.pair_order)
         runs = planned_runs(list(specs.values()), 1)
@@ -259,7 +259,7 @@ def _allocations(args) -> None:
             raise ValueError(f"--allocation {str(path)!r}: not a file of repro allocate")
     if args.contexts:
         if args.finetune_steps:
-            raise ValueError("--contexts: zero-shot only (give it without --finetune-steps)")
+            raise ValueError("--contexts: zero-shot only (give it without --finetune_steps)")
         result = evaluate_contexts(
             args.config, docs, list(args.contexts), args.reference,
             None if args.pair_order is None else str(args.pair_order), count_progress("contexts", "contexts"),
@@ -273,7 +273,7 @@ def _allocations(args) -> None:
     finetune = finetune_of(args, args.out.with_suffix(""), args.seeds)
     if args.plan:
         if finetune is None:
-            raise ValueError("--plan: only with --finetune-steps (the zero-shot test trains nothing)")
+            raise ValueError("--plan: only with --finetune_steps (the zero-shot test trains nothing)")
         n_layer = len(docs[0]["allocations"][0]["widths"])
         head_dim = load_model_config(args.config).attention_shape().head_dim
         rotations, _ = allocation_rotations(docs, head_dim)
@@ -303,7 +303,7 @@ def _fidelity(args, config, shape) -> None:
     read at every evaluation (phase-off: from the reference's checkpoints)."""
     steps, every = args.full_steps, args.eval_every
     if steps % every:
-        raise ValueError(f"--full-steps={steps}, --eval-every={every}: the steps must be a multiple of it")
+        raise ValueError(f"--full_steps={steps}, --eval_every={every}: the steps must be a multiple of it")
     levels = levels_of(args, shape)
     k = num_high_layers(shape.n_layer, levels)
     settings = CoverageProfileSettings(
@@ -378,7 +378,7 @@ def _zero_shot_nope(args) -> None:
             return
         result = finetuned_nope(args.config, profile, grid)
     elif args.plan:
-        raise ValueError("--plan: only with --finetune-steps (the zero-shot test trains nothing)")
+        raise ValueError("--plan: only with --finetune_steps (the zero-shot test trains nothing)")
     else:
         result = zero_shot_nope(
             args.config,

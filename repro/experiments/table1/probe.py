@@ -8,7 +8,7 @@ row the paired difference to uniform (mean, std of the differences, p); then, fr
 std of the paired differences, the seeds a paired t-test needs to detect each target difference
 with 80 % power at Holm's strictest level (alpha / m for the m rows a table compares).
 
-    repro table1 --scale cpu --probe --probe-steps 300 1200 --seeds 0 1 2 3 4 5
+    repro table1 --scale cpu --probe --probe_steps 300 1200 --seeds 0 1 2 3 4 5
 """
 
 from __future__ import annotations
@@ -44,10 +44,10 @@ def probe(
     bad = [r for r in rows if r not in PROFILE_FREE]
     if bad or "uniform" not in rows:
         raise ValueError(
-            f"--probe-rows {list(rows)}: include uniform; rows that need no profile: {PROFILE_FREE}"
+            f"--probe_rows {list(rows)}: include uniform; rows that need no profile: {PROFILE_FREE}"
         )
     if not steps or any(s <= 0 for s in steps):
-        raise ValueError(f"--probe-steps {steps}: positive step counts")
+        raise ValueError(f"--probe_steps {steps}: positive step counts")
     plans = [make_plan(settings, arch, out) for arch in settings.architectures]
     specs = {}
     for plan in plans:

@@ -15,7 +15,7 @@ Every run is a run of the engine (``repro.runs``): its result JSON and TensorBoa
 continues where it stopped. The table (md, csv, json) is written atomically at the end.
 
     repro table1 --scale cpu [--seeds 0 1 2] [--steps N] [--workers W] [--out results/table1]
-    repro table1 --scale paper --plan [--step-time S]       # runs, tokens, GPU-hours; trains nothing
+    repro table1 --scale paper --plan [--step_time S]       # runs, tokens, GPU-hours; trains nothing
     repro table1 --scale gpu --shard 3/8 [--stage profiles|rows|all]   # one of 8 machines
 
 Sharding: every shard computes the same plan and trains its part of each stage into the shared
@@ -82,7 +82,7 @@ def run_table1(
     if stage not in STAGES:
         raise ValueError(f"--stage {stage!r}: allowed {STAGES}")
     if with_float_spread and shard is not None:
-        raise ValueError("--float-spread runs in one process: give it without --shard")
+        raise ValueError("--float_spread runs in one process: give it without --shard")
     check_accelerator(settings.accelerator)
     plans = [make_plan(settings, arch, out) for arch in settings.architectures]
     table1_data_use(settings, out, cache_dir)  # no run may pass over its data more than the limit
@@ -258,21 +258,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", type=Path, default=Path("results/table1"), help="output folder (default results/table1)"
     )
     parser.add_argument(
-        "--cache-dir", default=None, help="tokenizer and token cache (default: the configs' data.cache_dir)"
+        "--cache_dir", default=None, help="tokenizer and token cache (default: the configs' data.cache_dir)"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     parser.add_argument(
-        "--float-spread",
+        "--float_spread",
         action="store_true",
         help="also train the uniform row of every seed under avx2 kernels and with all cores per run, and "
         "report how far those float-level differences move it (reuses the table's runs)",
     )
-    add_scale_args(parser, "the first architecture's --step-time-of member", "the table")
+    add_scale_args(parser, "the first architecture's --step_time_of member", "the table")
     parser.add_argument(
-        "--step-time-of",
+        "--step_time_of",
         default="target",
         choices=("target", "source"),
-        help="with --step-time: the member it was measured on (at paper scale the source is the 12-layer "
+        help="with --step_time: the member it was measured on (at paper scale the source is the 12-layer "
         "paper_mha that make bench-gpu times); default target",
     )
     parser.add_argument(
@@ -285,14 +285,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--probe",
         action="store_true",
-        help="train only the noise probe: rows that need no profile, every seed, at each --probe-steps; "
+        help="train only the noise probe: rows that need no profile, every seed, at each --probe_steps; "
         "prints the seed noise and the seeds a target difference needs (writes <out>/probe.{md,json})",
     )
     parser.add_argument(
-        "--probe-steps", type=PositiveInt, nargs="+", default=None, help="run lengths of the probe"
+        "--probe_steps", type=PositiveInt, nargs="+", default=None, help="run lengths of the probe"
     )
     parser.add_argument(
-        "--probe-rows",
+        "--probe_rows",
         nargs="+",
         default=list(PROBE_ROWS),
         help=f"rows of the probe (default {' '.join(PROBE_ROWS)})",
