@@ -17,11 +17,12 @@ from typing import Any
 
 import torch
 
+from repro.experiments.kit.step_time import CLIP
 from repro.runs.build import make_trainer
 
 from .measure import row
 from .settings import BenchSettings
-from .single_process import CLIP, _PairedPlainSteps, lightning_rows
+from .single_process import PlainLoop, _PairedPlainSteps, lightning_rows
 from .versus_torch import paired_runs, versus_torch_rows
 from .workload import OPTIM, loader
 
@@ -63,28 +64,19 @@ def stage_bytes(folder: Path, stages: int) -> tuple[list[int], int]:
     return per_rank, total
 
 
-class PlainHFLoop:
-    """The same fine-tuning as a plain loop on the Hugging Face model's own forward: the module's
-    optimizer and schedule, cross-entropy, backward, clipping, step, zero_grad."""
+def plain_hf_loop(folder: Path) -> PlainLoop:
+    """The same fine-tuning as a plain loop on the Hugging Face model's own forward (cross-entropy
+    of its logits)."""
+    from repro.lit.hf_module import HFCausalLMModule
 
-    def __init__(self, folder: Path) -> None:
-        from repro.lit.hf_module import HFCausalLMModule
+    module = HFCausalLMModule(str(folder), OPTIM)
+    module.model.materialize()
 
-        self.module = HFCausalLMModule(str(folder), OPTIM)
-        self.module.model.materialize()
-        conf = self.module.configure_optimizers()
-        self.opt, self.sched = conf["optimizer"], conf["lr_scheduler"]["scheduler"]
-        self.params = [p for p in self.module.parameters() if p.requires_grad]
-        self.module.train()
+    def loss(m, batch):
+        logits = m.model.hf(batch["input_ids"]).logits
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["targets"].flatten())
 
-    def step(self, batch: dict[str, torch.Tensor]) -> None:
-        logits = self.module.model.hf(batch["input_ids"]).logits
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["targets"].flatten())
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.params, CLIP)
-        self.opt.step()
-        self.sched.step()
-        self.opt.zero_grad(set_to_none=True)
+    return PlainLoop(module, loss)
 
 
 def bench_hf(s: BenchSettings, progress: Callable[[str], None]) -> list[dict[str, Any]]:
@@ -119,7 +111,7 @@ def bench_hf(s: BenchSettings, progress: Callable[[str], None]) -> list[dict[str
         for r in range(s.repeats):
             progress(f"hf: Lightning against the plain Hugging Face loop, repeat {r + 1} of {s.repeats}")
             data = loader(s, steps)
-            pairs = _PairedPlainSteps(PlainHFLoop(folder), list(data))
+            pairs = _PairedPlainSteps(plain_hf_loop(folder), list(data))
             module = HFCausalLMModule(str(folder), OPTIM)
             make_trainer(steps=steps, callbacks=[pairs], gradient_clip_val=CLIP).fit(
                 module, train_dataloaders=data

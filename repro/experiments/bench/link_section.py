@@ -87,7 +87,7 @@ def torch_rank_main(s: BenchSettings, run: NetworkRun, spec: dict[str, Any]) -> 
     from repro.files import write_json_atomic
     from repro.lit import GPTLightningModule
 
-    from .pipelines import StepClock
+    from .measure import StepClock
     from .versus_torch import TorchPipelineRank
     from .workload import OPTIM, gpt_config, loader
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +17,13 @@ import lightning as L
 import torch
 
 from repro.cores import threads_per_process
-from repro.experiments.kit.links import wire_tx_bytes
 from repro.files import write_json_atomic
 from repro.lit import GPTLightningModule
 from repro.models import GPTConfig
 from repro.pipeline.lightning import ClappingStrategy
 from repro.runs.build import make_trainer
 
+from .measure import StepClock
 from .settings import BenchSettings, NetworkRun
 from .single_process import lightning_times
 from .workload import OPTIM, loader, peak_rss_bytes
@@ -45,43 +44,21 @@ def _mean_step_s(times: list[float], warmup: int) -> float:
     return (times[-1] - start) / steps
 
 
-class StepClock:
-    """What a rank records at the end of each step: the wall clock, its CPU time (every thread of the
-    process: compute, codecs, the transport's threads) and the bytes its network interface has sent
-    (``eth0`` of a link run's namespace, headers included; None elsewhere)."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self.cpu: list[float] = []
-        self.tx: list[int | None] = []
-
-    def tick(self) -> None:
-        self.times.append(time.perf_counter())
-        self.cpu.append(time.process_time())
-        self.tx.append(wire_tx_bytes())
-
-    def report(self, **extra: Any) -> dict[str, Any]:
-        return {"times": self.times, "cpu": self.cpu, "tx": self.tx, "peak_rss": peak_rss_bytes(), **extra}
-
-
-class _RankReport(L.Callback):
-    """Each rank writes its step-end times (``StepClock``), the strategy's byte counters and its peak
-    memory."""
+class _RankReport(StepClock):
+    """Each rank writes its step-end times (the bench's :class:`StepClock`), the strategy's byte
+    counters and its peak memory."""
 
     def __init__(self, folder: Path, threads: int) -> None:
+        super().__init__()
         self.folder, self.threads = folder, threads
-        self.clock = StepClock()
 
     def setup(self, trainer, pl_module, stage) -> None:
         torch.set_num_threads(self.threads)
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.clock.tick()
-
     def on_train_end(self, trainer, pl_module) -> None:
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("pipe/")}
         placement = getattr(getattr(trainer.strategy, "split", None), "placement", None)  # auto's choice
-        report = self.clock.report(metrics=metrics, placement=placement)
+        report = self.report(metrics=metrics, placement=placement)
         write_json_atomic(self.folder / f"rank{trainer.global_rank}.json", report)
 
 

@@ -10,25 +10,14 @@ from typing import Any
 import lightning as L
 import torch
 
+from repro.experiments.kit.step_time import CLIP
 from repro.lit import GPTLightningModule
 from repro.models import GPTConfig
 from repro.runs.build import make_trainer
 
-from .measure import pairwise, row
+from .measure import StepClock, pairwise, row
 from .settings import BenchSettings
 from .workload import OPTIM, gpt_config, loader
-
-CLIP = 1.0  # gradient clipping by global norm, as the shipped configs do
-
-
-class StepClock(L.Callback):
-    """Time at the end of every training batch (after the optimizer step)."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.times.append(time.perf_counter())
 
 
 def lightning_times(cfg: GPTConfig, s: BenchSettings, steps: int, seed: int = 0) -> list[float]:
@@ -42,20 +31,24 @@ def lightning_times(cfg: GPTConfig, s: BenchSettings, steps: int, seed: int = 0)
 
 
 class PlainLoop:
-    """The same training written as a plain loop: the module's own optimizer and schedule,
-    forward, backward, clipping, step, zero_grad."""
+    """The training a LightningModule does, as a plain loop: the module's own optimizer and schedule,
+    ``loss(module, batch)`` forward, backward, clipping, step, zero_grad."""
 
-    def __init__(self, cfg: GPTConfig, seed: int = 0) -> None:
-        torch.manual_seed(seed)
-        self.module = GPTLightningModule(cfg, OPTIM)
+    def __init__(self, module: L.LightningModule, loss: Callable[[Any, dict], torch.Tensor]) -> None:
+        self.module, self.loss = module, loss
         conf = self.module.configure_optimizers()
         self.opt, self.sched = conf["optimizer"], conf["lr_scheduler"]["scheduler"]
         self.params = [p for p in self.module.parameters() if p.requires_grad]
         self.module.train()
 
+    @classmethod
+    def gpt(cls, cfg: GPTConfig, seed: int = 0) -> PlainLoop:
+        """The bench GPT's loop (its own forward's loss)."""
+        torch.manual_seed(seed)
+        return cls(GPTLightningModule(cfg, OPTIM), lambda m, b: m.model(b["input_ids"], b["targets"])[1])
+
     def step(self, batch: dict[str, torch.Tensor]) -> None:
-        _, loss = self.module.model(batch["input_ids"], batch["targets"])
-        loss.backward()
+        self.loss(self.module, batch).backward()
         torch.nn.utils.clip_grad_norm_(self.params, CLIP)
         self.opt.step()
         self.sched.step()
@@ -90,7 +83,7 @@ def paired_step_times(
     """(Lightning step times, plain-loop step times), the two interleaved step by step on the
     same data (one process, no logger, no validation)."""
     data = loader(s, steps, cfg.block_size)
-    pairs = _PairedPlainSteps(PlainLoop(cfg, seed), list(data))
+    pairs = _PairedPlainSteps(PlainLoop.gpt(cfg, seed), list(data))
     torch.manual_seed(seed)
     module = GPTLightningModule(cfg, OPTIM)
     trainer = make_trainer(steps=steps, callbacks=[pairs], gradient_clip_val=CLIP)
@@ -171,7 +164,7 @@ def bench_rope(s: BenchSettings, progress: Callable[[str], None]) -> list[dict[s
         progress(
             f"rope cost: repeat {r + 1} of {s.repeats} ({len(variants)} variants, alternating every step)"
         )
-        loops = {name: PlainLoop(cfg, seed=r) for name, _, cfg in variants}
+        loops = {name: PlainLoop.gpt(cfg, seed=r) for name, _, cfg in variants}
         totals = dict.fromkeys(loops, 0.0)
         for i, batch in enumerate(loader(s, steps)):
             for name, loop in loops.items():
