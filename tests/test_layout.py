@@ -412,3 +412,26 @@ def test_no_stale_names_in_the_code_or_the_docs():
         text = path.read_text()
         found += [f"{path.relative_to(REPO_ROOT)}: {name}" for name in STALE_NAMES if name in text]
     assert not found, found
+
+
+OTHER_TOOLS_OPTIONS = {  # options of pip, torchrun and SLURM that the docs' recipes pass
+    "--no-deps", "--index-url", "--system-site-packages", "--disable-pip-version-check",
+    "--nproc-per-node", "--node-rank", "--master-addr", "--master-port",
+    "--ntasks-per-node", "--gpus-per-node", "--cpus-per-task",
+}  # fmt: skip
+
+
+def test_the_docs_spell_every_option_as_the_commands_do():
+    """One spelling everywhere (LightningCLI's ``--full_steps``): no README, docs page, Makefile or
+    config comment shows a repro option with a dash inside its name (a command refuses it)."""
+    texts = [REPO_ROOT / "README.md", REPO_ROOT / "Makefile", REPO_ROOT / "PROTOCOL.md"]
+    texts += [*(REPO_ROOT / "docs").glob("*.md"), *(REPO_ROOT / "paper_configs").rglob("*.yaml")]
+    dashed = {
+        f"{path.relative_to(REPO_ROOT)}:{n}: {option}"
+        for path in texts
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if "is refused in" not in line  # the sentence that shows the old spelling
+        for option in re.findall(r"--[a-z]+(?:-[a-z0-9]+)+", line)
+        if option not in OTHER_TOOLS_OPTIONS
+    }
+    assert not dashed, sorted(dashed)
