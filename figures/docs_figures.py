@@ -13,7 +13,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SHOWN = ("real_coverage", "real_context", "mla_plane", "clapping_p", "clapping_memory")  # the figures docs/*.md embed
+SHOWN = (
+    "real_coverage",
+    "real_context",
+    "mla_plane",
+    "clapping_p",
+    "clapping_memory",
+)  # the figures docs/*.md embed
 MAX_BYTES = 200_000  # a docs figure stays small: the repository keeps every version of it
 
 
