@@ -64,18 +64,18 @@ def stage_module(module: L.LightningModule, rank: int, k: int) -> tuple[torch.nn
     return stage, [q for q in stage.parameters() if id(q) in others]
 
 
-def v_chunks(module: L.LightningModule, rank: int, k: int) -> list[torch.nn.Sequential]:
-    """Rank ``rank``'s two chunks for torch's V schedules: the model cut by the same stage adapter
-    into 2K chunks (equal layer counts), this rank holding chunks ``rank`` and ``2K - 1 - rank``, so
-    rank 0 holds the embedding and the head (a tied weight has one copy and needs no sum)."""
+def v_chunks(module: L.LightningModule, rank: int, k: int) -> list[tuple[int, torch.nn.Sequential]]:
+    """Rank ``rank``'s two chunks for torch's V schedules, each with its stage index: the model cut by
+    the same stage adapter into 2K chunks (equal layer counts), this rank holding chunks ``rank`` and
+    ``2K - 1 - rank``, so rank 0 holds both the embedding and the head (a tied weight's two gradients
+    are then summed on that rank: :func:`own_copies`)."""
     adapter = stage_adapter_for(module)
     parts = adapter.parts()
     counts = layers_per_stage(len(parts.layers), 2 * k)
-    splits = [StageSplit(c, 2 * k, counts, parts) for c in (rank, 2 * k - 1 - rank)]
-    modules = [m for split in splits for m in split.modules_of(split.stage)]
+    held = {c: StageSplit(c, 2 * k, counts, parts).modules_of(c) for c in (rank, 2 * k - 1 - rank)}
     if isinstance(adapter, MaterializesStages):
-        adapter.materialize(modules)
-    return [torch.nn.Sequential(*split.modules_of(split.stage)) for split in splits]
+        adapter.materialize([m for modules in held.values() for m in modules])
+    return [(c, torch.nn.Sequential(*modules)) for c, modules in held.items()]
 
 
 def own_copies(
@@ -116,9 +116,10 @@ class TorchPipelineRank:
             return adapter.loss(out, {"targets": y})
 
         if schedule in TORCH_V_SCHEDULES:
-            chunks = v_chunks(module, rank, k)
+            indexed = v_chunks(module, rank, k)
+            chunks = [chunk for _, chunk in indexed]
             self.local_pairs = own_copies(chunks[1], chunks[0])  # summed on the rank: no bytes
-            stages = [PipelineStage(c, i, 2 * k, device) for c, i in zip(chunks, (rank, 2 * k - 1 - rank))]
+            stages = [PipelineStage(chunk, i, 2 * k, device) for i, chunk in indexed]
             schedule_class = getattr(pipelining.schedules, TORCH_V_SCHEDULES[schedule])
             self.schedule = schedule_class(stages, micro_batches, loss_fn=loss_fn)
             params = [p for c in chunks for p in c.parameters()]
