@@ -363,3 +363,28 @@ def test_torchs_v_schedules_in_the_bench_give_one_process_gradients_with_the_tie
     ranks.join()
     torch.testing.assert_close(torch.tensor(tied), module.model.wte.weight.grad)
     torch.testing.assert_close(torch.tensor(block), module.model.blocks[0].attn.q_proj.weight.grad)
+
+
+def test_the_plain_loop_trains_as_the_timed_lightning_fit_does():
+    """Every bench ratio of Lightning against the plain loop compares the same training: from one
+    seed, the plain loop's weights after a few steps are Lightning's (to float rounding), and the
+    step clock ticks once per step."""
+    from repro.experiments.bench.workload import OPTIM
+    from repro.experiments.kit.step_time import PlainLoop, StepClock, synthetic_batches, timed_fit
+    from repro.lit import GPTLightningModule
+    from repro.models import GPTConfig
+
+    cfg = GPTConfig(n_layer=2, n_embd=32, n_head=2, vocab_size=64, block_size=16)
+    batches = synthetic_batches(64, 2, 16, 4, torch.device("cpu"))
+    loop = PlainLoop.gpt(cfg, OPTIM, seed=3)
+    for batch in batches:
+        loop.step(batch)
+    torch.manual_seed(3)
+    module, clock = GPTLightningModule(cfg, OPTIM), StepClock()
+    timed_fit(module, torch.utils.data.DataLoader(batches, batch_size=None), len(batches), clock)
+    assert len(clock.times) == len(batches)
+    torch.manual_seed(3)
+    untrained = GPTLightningModule(cfg, OPTIM)
+    for plain, ours, start in zip(loop.module.parameters(), module.parameters(), untrained.parameters()):
+        assert not torch.equal(ours, start)  # trained
+        torch.testing.assert_close(plain, ours, rtol=0, atol=1e-5)

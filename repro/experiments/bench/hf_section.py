@@ -17,12 +17,11 @@ from typing import Any
 
 import torch
 
-from repro.experiments.kit.step_time import CLIP
-from repro.runs.build import make_trainer
+from repro.experiments.kit.step_time import PlainLoop, timed_fit
 
 from .measure import row
 from .settings import BenchSettings
-from .single_process import PlainLoop, _PairedPlainSteps, lightning_rows
+from .single_process import _PairedPlainSteps, lightning_rows
 from .versus_torch import paired_runs, versus_torch_rows
 from .workload import OPTIM, loader
 
@@ -113,9 +112,7 @@ def bench_hf(s: BenchSettings, progress: Callable[[str], None]) -> list[dict[str
             data = loader(s, steps)
             pairs = _PairedPlainSteps(plain_hf_loop(folder), list(data))
             module = HFCausalLMModule(str(folder), OPTIM)
-            make_trainer(steps=steps, callbacks=[pairs], gradient_clip_val=CLIP).fit(
-                module, train_dataloaders=data
-            )
+            timed_fit(module, data, steps, pairs)
             ours.append(tokens * s.timed_steps / sum(pairs.lightning_s[s.warmup_steps :]))
             plain.append(tokens * s.timed_steps / sum(pairs.plain_s[s.warmup_steps :]))
         rows += lightning_rows(

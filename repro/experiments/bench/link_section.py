@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from repro.experiments.kit.links import Links
+from repro.experiments.kit.step_time import per_step, read_ranks
 
 from .measure import pairwise, row
-from .pipelines import _mean_step_s, _read_ranks
 from .settings import TORCH_V_SCHEDULES, BenchSettings, NetworkRun
 
 
@@ -84,10 +84,9 @@ def torch_rank_main(s: BenchSettings, run: NetworkRun, spec: dict[str, Any]) -> 
     import torch
     import torch.distributed as dist
 
-    from repro.files import write_json_atomic
+    from repro.experiments.kit.step_time import StepClock
     from repro.lit import GPTLightningModule
 
-    from .measure import StepClock
     from .versus_torch import TorchPipelineRank
     from .workload import OPTIM, gpt_config, loader
 
@@ -103,7 +102,7 @@ def torch_rank_main(s: BenchSettings, run: NetworkRun, spec: dict[str, Any]) -> 
         for batch in loader(s, s.pipe_warmup_steps + s.link_timed_steps):
             pipe.step(batch)
             clock.tick()
-        write_json_atomic(Path(spec["folder"]) / f"rank{rank}.json", clock.report(metrics={}))
+        clock.write(spec["folder"], rank, metrics={})
     finally:
         dist.destroy_process_group()
 
@@ -136,20 +135,20 @@ def linked_run(s: BenchSettings, run: NetworkRun, links: Links, port: int) -> di
         errors = [p.communicate(timeout=1800)[1] for p in procs]
         if any(p.returncode for p in procs):
             raise RuntimeError(f"link run {run.label} failed: {errors[0][-1500:]}")
-        ranks = _read_ranks(Path(tmp), k)
+        ranks = read_ranks(Path(tmp), k)
     metrics = ranks[0]["metrics"]
     steps = s.pipe_warmup_steps + s.link_timed_steps
     counted = metrics.get("pipe/bytes_total")  # torch's pipeline counts nothing
     torch_placement = "v" if run.schedule in TORCH_V_SCHEDULES else "linear"
     return {
         "placement": ranks[0].get("placement") or torch_placement,  # ours: as run (auto's choice)
-        "step_s": _mean_step_s(ranks[0]["times"], s.pipe_warmup_steps),
+        "step_s": per_step(ranks[0]["times"], s.pipe_warmup_steps),
         "bytes_per_step": None if counted is None else counted / steps,
         "uplink_bytes_per_step": None if counted is None else [b / steps for b in uplink_bytes(metrics, k)],
         "compression_ratio": metrics.get("pipe/compression_ratio", 1.0),
         # the counters' mean increase per timed step, as for the clock
-        "wire_bytes_per_step": [_mean_step_s(r["tx"], s.pipe_warmup_steps) for r in ranks],
-        "cpu_s_per_step": [_mean_step_s(r["cpu"], s.pipe_warmup_steps) for r in ranks],
+        "wire_bytes_per_step": [per_step(r["tx"], s.pipe_warmup_steps) for r in ranks],
+        "cpu_s_per_step": [per_step(r["cpu"], s.pipe_warmup_steps) for r in ranks],
     }
 
 

@@ -1,42 +1,14 @@
-"""The bench's one step clock, summaries of repeated measurements and the rows of bench.json."""
+"""Summaries of repeated measurements and the rows of bench.json (the one step clock is
+:class:`repro.experiments.kit.step_time.StepClock`)."""
 
 from __future__ import annotations
 
 import math
 import statistics
-import time
 from collections.abc import Sequence
 from typing import Any
 
-import lightning as L
-
-from repro.experiments.kit.links import wire_tx_bytes
 from repro.stats import mean_interval
-
-from .workload import peak_rss_bytes
-
-
-class StepClock(L.Callback):
-    """What a process records at the end of each step (a Lightning callback, or ``tick()`` by hand
-    in a plain loop): the wall clock, its CPU time (every thread of the process: compute, codecs,
-    the transport's threads) and the bytes its network interface has sent (``eth0`` of a link
-    run's namespace, headers included; None elsewhere)."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self.cpu: list[float] = []
-        self.tx: list[int | None] = []
-
-    def tick(self) -> None:
-        self.times.append(time.perf_counter())
-        self.cpu.append(time.process_time())
-        self.tx.append(wire_tx_bytes())
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.tick()
-
-    def report(self, **extra: Any) -> dict[str, Any]:
-        return {"times": self.times, "cpu": self.cpu, "tx": self.tx, "peak_rss": peak_rss_bytes(), **extra}
 
 
 def summary(values: Sequence[float]) -> dict[str, Any]:

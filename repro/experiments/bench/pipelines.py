@@ -7,7 +7,6 @@ Every run starts K fresh processes (fork, gloo on CPU). Each process uses ``core
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from pathlib import Path
@@ -17,31 +16,17 @@ import lightning as L
 import torch
 
 from repro.cores import threads_per_process
-from repro.files import write_json_atomic
+from repro.experiments.kit.step_time import StepClock, peak_rss_bytes, per_step, read_ranks
 from repro.lit import GPTLightningModule
 from repro.models import GPTConfig
 from repro.pipeline.lightning import ClappingStrategy
 from repro.runs.build import make_trainer
 
-from .measure import StepClock
 from .settings import BenchSettings, NetworkRun
 from .single_process import lightning_times
-from .workload import OPTIM, loader, peak_rss_bytes
+from .workload import OPTIM, loader
 
 BenchModel = GPTConfig | Path  # the suite's GPT by its config, or a Hugging Face model's local directory
-
-
-def _read_ranks(folder: Path, k: int) -> list[dict[str, Any]]:
-    missing = [r for r in range(k) if not (folder / f"rank{r}.json").exists()]
-    if missing:
-        raise RuntimeError(f"benchmark ranks {missing} wrote no result (see the errors above)")
-    return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(k)]
-
-
-def _mean_step_s(times: list[float], warmup: int) -> float:
-    start = times[warmup - 1] if warmup > 0 else times[0]
-    steps = len(times) - warmup if warmup > 0 else len(times) - 1
-    return (times[-1] - start) / steps
 
 
 class _RankReport(StepClock):
@@ -58,8 +43,7 @@ class _RankReport(StepClock):
     def on_train_end(self, trainer, pl_module) -> None:
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("pipe/")}
         placement = getattr(getattr(trainer.strategy, "split", None), "placement", None)  # auto's choice
-        report = self.report(metrics=metrics, placement=placement)
-        write_json_atomic(self.folder / f"rank{trainer.global_rank}.json", report)
+        self.write(self.folder, trainer.global_rank, metrics=metrics, placement=placement)
 
 
 def run_strategy(s: BenchSettings, run: NetworkRun, start_method: str, seed: int = 0, **options: Any):
@@ -99,10 +83,10 @@ def clapping_run(
             steps=steps, devices=k, strategy=strategy, callbacks=[_RankReport(folder, threads_per_process(k))]
         )
         trainer.fit(module, train_dataloaders=loader(s, steps, _block_size(model)))
-        ranks = _read_ranks(folder, k)
+        ranks = read_ranks(folder, k)
     m = ranks[0]["metrics"]
     return {
-        "step_s": _mean_step_s(ranks[0]["times"], s.pipe_warmup_steps),
+        "step_s": per_step(ranks[0]["times"], s.pipe_warmup_steps),
         "bytes_per_step": m["pipe/bytes_total"] / steps,
         "tied_bytes_per_step": tied_bytes(m) / steps,
         "compression_ratio": m["pipe/compression_ratio"],
@@ -136,4 +120,4 @@ def one_process_run(cfg: GPTConfig, s: BenchSettings, seed: int = 0) -> dict[str
     steps = s.pipe_warmup_steps + s.pipe_timed_steps
     torch.set_num_threads(os.cpu_count() or 1)
     times = lightning_times(cfg, s, steps, seed=seed)
-    return {"step_s": _mean_step_s(times, s.pipe_warmup_steps), "peak_rss": [peak_rss_bytes()]}
+    return {"step_s": per_step(times, s.pipe_warmup_steps), "peak_rss": [peak_rss_bytes()]}

@@ -10,12 +10,11 @@ from typing import Any
 import lightning as L
 import torch
 
-from repro.experiments.kit.step_time import CLIP
+from repro.experiments.kit.step_time import PlainLoop, StepClock, timed_fit
 from repro.lit import GPTLightningModule
 from repro.models import GPTConfig
-from repro.runs.build import make_trainer
 
-from .measure import StepClock, pairwise, row
+from .measure import pairwise, row
 from .settings import BenchSettings
 from .workload import OPTIM, gpt_config, loader
 
@@ -25,34 +24,8 @@ def lightning_times(cfg: GPTConfig, s: BenchSettings, steps: int, seed: int = 0)
     torch.manual_seed(seed)
     module = GPTLightningModule(cfg, OPTIM)
     clock = StepClock()
-    trainer = make_trainer(steps=steps, callbacks=[clock], gradient_clip_val=CLIP)
-    trainer.fit(module, train_dataloaders=loader(s, steps, cfg.block_size))
+    timed_fit(module, loader(s, steps, cfg.block_size), steps, clock)
     return clock.times
-
-
-class PlainLoop:
-    """The training a LightningModule does, as a plain loop: the module's own optimizer and schedule,
-    ``loss(module, batch)`` forward, backward, clipping, step, zero_grad."""
-
-    def __init__(self, module: L.LightningModule, loss: Callable[[Any, dict], torch.Tensor]) -> None:
-        self.module, self.loss = module, loss
-        conf = self.module.configure_optimizers()
-        self.opt, self.sched = conf["optimizer"], conf["lr_scheduler"]["scheduler"]
-        self.params = [p for p in self.module.parameters() if p.requires_grad]
-        self.module.train()
-
-    @classmethod
-    def gpt(cls, cfg: GPTConfig, seed: int = 0) -> PlainLoop:
-        """The bench GPT's loop (its own forward's loss)."""
-        torch.manual_seed(seed)
-        return cls(GPTLightningModule(cfg, OPTIM), lambda m, b: m.model(b["input_ids"], b["targets"])[1])
-
-    def step(self, batch: dict[str, torch.Tensor]) -> None:
-        self.loss(self.module, batch).backward()
-        torch.nn.utils.clip_grad_norm_(self.params, CLIP)
-        self.opt.step()
-        self.sched.step()
-        self.opt.zero_grad(set_to_none=True)
 
 
 class _PairedPlainSteps(L.Callback):
@@ -83,11 +56,10 @@ def paired_step_times(
     """(Lightning step times, plain-loop step times), the two interleaved step by step on the
     same data (one process, no logger, no validation)."""
     data = loader(s, steps, cfg.block_size)
-    pairs = _PairedPlainSteps(PlainLoop.gpt(cfg, seed), list(data))
+    pairs = _PairedPlainSteps(PlainLoop.gpt(cfg, OPTIM, seed), list(data))
     torch.manual_seed(seed)
     module = GPTLightningModule(cfg, OPTIM)
-    trainer = make_trainer(steps=steps, callbacks=[pairs], gradient_clip_val=CLIP)
-    trainer.fit(module, train_dataloaders=data)
+    timed_fit(module, data, steps, pairs)
     return pairs.lightning_s, pairs.plain_s
 
 
@@ -164,7 +136,7 @@ def bench_rope(s: BenchSettings, progress: Callable[[str], None]) -> list[dict[s
         progress(
             f"rope cost: repeat {r + 1} of {s.repeats} ({len(variants)} variants, alternating every step)"
         )
-        loops = {name: PlainLoop.gpt(cfg, seed=r) for name, _, cfg in variants}
+        loops = {name: PlainLoop.gpt(cfg, OPTIM, seed=r) for name, _, cfg in variants}
         totals = dict.fromkeys(loops, 0.0)
         for i, batch in enumerate(loader(s, steps)):
             for name, loop in loops.items():

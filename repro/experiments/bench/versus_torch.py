@@ -27,6 +27,7 @@ import torch.multiprocessing as mp
 from lightning.fabric.plugins.environments.lightning import find_free_network_port
 
 from repro.cores import threads_per_process
+from repro.experiments.kit.step_time import StepClock, read_ranks
 from repro.files import write_json_atomic
 from repro.pipeline.stage_parts import MaterializesStages, StageSplit, layers_per_stage, stage_adapter_for
 from repro.runs.build import make_trainer
@@ -36,13 +37,12 @@ from .pipelines import (
     BenchModel,
     _block_size,
     _RankReport,
-    _read_ranks,
     bench_module,
     run_strategy,
     tied_bytes,
 )
 from .settings import TORCH_V_SCHEDULES, BenchSettings, NetworkRun
-from .workload import OPTIM, loader, peak_rss_bytes
+from .workload import OPTIM, loader
 
 OURS = "clapping none+identity"
 TORCH = "torch.distributed.pipelining GPipe"
@@ -176,7 +176,7 @@ def _torch_worker(
             turns.wait()  # ours has done its step: this one's turn
             pipe.step(next(batches))
             turns.wait()  # every rank of this pipeline is done: ours' turn
-        write_json_atomic(Path(folder) / f"rank{rank}.json", {"peak_rss": peak_rss_bytes()})
+        StepClock().write(folder, rank)  # its peak memory (turn_times times the steps)
     except BaseException:
         turns.abort()  # ours stops waiting for this pipeline
         raise
@@ -260,7 +260,7 @@ def paired_runs(model: BenchModel, s: BenchSettings, k: int, seed: int = 0) -> t
             raise
         while not torch_ranks.join():
             pass
-        ours_reports, torch_reports = _read_ranks(ours_dir, k), _read_ranks(torch_dir, k)
+        ours_reports, torch_reports = read_ranks(ours_dir, k), read_ranks(torch_dir, k)
         ours_steps, torch_steps = turn_times(json.loads((ours_dir / "releases.json").read_text()))
     m = ours_reports[0]["metrics"]
     timed = slice(s.pipe_warmup_steps, None)

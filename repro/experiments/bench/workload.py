@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import resource
 from typing import Any
 
 import torch
@@ -50,8 +49,3 @@ def loader(s: BenchSettings, steps: int, block_size: int | None = None, shuffle:
     """Enough blocks for ``steps`` batches, in a fixed order."""
     data = RandomBlocks(steps * s.batch_size, block_size or s.block_size, s.vocab_size)
     return DataLoader(data, batch_size=s.batch_size, shuffle=shuffle, drop_last=True)
-
-
-def peak_rss_bytes() -> int:
-    """Peak resident memory of this process (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
