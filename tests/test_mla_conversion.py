@@ -321,8 +321,9 @@ def test_the_rope_tools_on_a_pretrained_model_pair_order_coverage_profile_and_al
 def test_repro_mla_plane_allocates_each_budget_per_layer_and_resumes(hf_config, tmp_path, capsys):
     """Two budgets of the GQA source: every row of a budget caches the same elements (the per-layer
     allocations keep the main split's means), the profiled row gives its high levels to the profiles'
-    top layers, the table's differences are the paired losses, the fine-tuned rows train from their
-    converted folders; a second run trains and converts nothing again."""
+    top layers, the table's differences are the paired losses, the fine-tuned rows (finetune_methods,
+    and every row at finetune_every_row) train from their converted folders; a second run trains and
+    converts nothing again."""
     import yaml
 
     long = tmp_path / "hf32.yaml"
@@ -333,7 +334,8 @@ def test_repro_mla_plane_allocates_each_budget_per_layer_and_resumes(hf_config, 
         "scale": "real", "config": str(hf_config), "finetune_config": str(hf_config), "contexts": [str(long)],
         "budgets": [0.5, 0.25], "splits": [[4, 2], [2]], "calibration_blocks": 4,
         "rows": ["uniform (weights)", "uniform", "uniform (2-norm)", "uniform (split)", "profiled", "inverse"],
-        "finetune_methods": ["uniform"], "finetune_steps": 2, "finetune_eval_every": 1, "finetune_batch_size": 2,
+        "finetune_methods": ["uniform"], "finetune_every_row": [0.25],
+        "finetune_steps": 2, "finetune_eval_every": 1, "finetune_batch_size": 2,
         "out": str(tmp_path / "plane"),
     }  # fmt: skip
     (tmp_path / "plane.yaml").write_text(yaml.safe_dump(settings))
@@ -347,6 +349,8 @@ def test_repro_mla_plane_allocates_each_budget_per_layer_and_resumes(hf_config, 
         assert {r["kv_elements_per_token"] for r in these} == {budget * source["kv_elements_per_token"]}
         kinds = {"uniform (weights)", "uniform", "uniform (2-norm)", "profiled", "inverse"}
         assert {r["method"] for r in these} == kinds | ({"uniform (split)"} if budget == 0.5 else set())
+        tuned = {r["method"] for r in these if r.get("finetuned_loss")}
+        assert tuned == ({"uniform"} if budget == 0.5 else kinds)  # every row where finetune_every_row says
     profiled = rows["B0.5 profiled N4 R16"]
     coverage = table["profiles"]["0.5"]["coverage"]["values"]
     rank = table["profiles"]["0.5"]["rank"]["values"]
@@ -407,3 +411,20 @@ def test_a_cache_budget_no_split_can_meet_names_what_can():
     pairs, ranks = mla_allocation("profiled", 30, Split(4, 72), profile, profile[::-1])
     assert high_count(30) == 10 and sum(pairs) == 30 * 4 and sum(ranks) == 30 * 72
     assert pairs[20:] == [8] * 10 and ranks[:10] == [144] * 10
+
+
+def test_which_rows_are_fine_tuned_and_a_stray_budget_is_one_line(hf_config):
+    """``finetune_methods`` at ``finetune_budgets`` (main split only), and every row and split at
+    ``finetune_every_row``; a budget there that the plane has not is refused, naming the field."""
+    from repro.experiments.mla_plane.settings import MLAPlaneSettings
+
+    common = dict(scale="real", config=str(hf_config), finetune_config=str(hf_config))
+    s = MLAPlaneSettings(
+        **common, budgets=(0.5, 0.25), splits=((4, 2), (2,)), finetune_methods=("uniform",),
+        finetune_budgets=(0.25,), finetune_every_row=(0.5,),
+    )  # fmt: skip
+    assert s.fine_tunes("inverse", 0.5, True) and s.fine_tunes("uniform (split)", 0.5, False)
+    assert s.fine_tunes("uniform", 0.25, True) and not s.fine_tunes("inverse", 0.25, True)
+    assert not s.fine_tunes("uniform", 0.25, False)  # another split: only where every row is
+    with pytest.raises(ValueError, match=r"^finetune_every_row \[0.125\]: not among budgets \[0.5\]$"):
+        MLAPlaneSettings(**common, budgets=(0.5,), splits=((4,),), finetune_every_row=(0.125,))

@@ -16,6 +16,7 @@ to resume):
 
 from __future__ import annotations
 
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -222,9 +223,14 @@ def run(
     started = time.perf_counter()
     if plan:  # the fine-tunes are the cost; the conversions and evaluations are minutes
         folders = {SOURCE: plane.source}
-        for b in settings.tuned_budgets:
-            for kind in settings.finetune_methods:
-                folders[f"B{b:g} {kind}"] = f"{settings.out}/models/<{kind}>"
+        for b, pairs in zip(settings.budgets, settings.splits):
+            for kind in settings.rows:
+                draws = settings.random_draws if kind == "random-k" else 1
+                for (i, n), draw in itertools.product(enumerate(pairs), range(draws)):
+                    if (kind == "uniform (split)") == (i > 0) and settings.fine_tunes(kind, b, i == 0):
+                        folders[f"B{b:g} {kind} N{n} #{draw}"] = (
+                            f"{settings.out}/models/<{kind} N{n} #{draw}>"
+                        )
         runs = planned_runs(list(plane.finetune_specs(folders).values()), 1)
         print_plan("mla-plane fine-tunes", runs, settings.finetune_config, accelerator, step_time)
         return None
@@ -244,11 +250,7 @@ def run(
         }
         report(i + 1, len(rows))
     tuned_names = [
-        r.name
-        for r in rows
-        if r.kind in settings.finetune_methods
-        and r.split == plane.splits[r.budget][0]
-        and r.budget in settings.tuned_budgets
+        r.name for r in rows if settings.fine_tunes(r.kind, r.budget, r.split == plane.splits[r.budget][0])
     ]
     specs = plane.finetune_specs({SOURCE: plane.source} | {n: folders[n] for n in tuned_names})
     finetuned = plane.finetuned(specs) if specs else {}

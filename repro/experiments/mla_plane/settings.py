@@ -6,7 +6,8 @@ same cache: MHA2MLA's uniform conversion (every layer the same rotary pairs and 
 weight SVD), the same with the activation-aware SVD and with the q.k 2-norm pair order, its other
 splits of the budget between pairs and latent, and the per-layer allocations by the profiles
 (profiled, one lever at a time, inverse, random). Every row zero-shot at each evaluation context;
-the ``finetune_methods`` rows and the unconverted model also after the same short fine-tune.
+the ``finetune_methods`` rows (every row at ``finetune_every_row``) and the unconverted model also
+after the same short fine-tune.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ class MLAPlaneSettings:
     """rows (of the main split) fine-tuned at each of ``finetune_budgets``, beside the unconverted model"""
     finetune_budgets: tuple[PositiveFloat, ...] | None = None
     """the budgets whose rows are fine-tuned (each one of ``budgets``); null: every budget"""
+    finetune_every_row: tuple[PositiveFloat, ...] = ()
+    """budgets whose every row (every kind and split) is fine-tuned too, beyond ``finetune_methods``"""
     finetune_steps: PositiveInt = 100
     """optimizer steps of every fine-tune"""
     finetune_eval_every: PositiveInt = 25
@@ -91,16 +94,20 @@ class MLAPlaneSettings:
         missing = [m for m in self.finetune_methods if m not in self.rows]
         if missing:
             raise ValueError(f"finetune_methods {missing}: not among rows {list(self.rows)}")
-        stray = [b for b in self.finetune_budgets or () if b not in self.budgets]
-        if stray:
-            raise ValueError(f"finetune_budgets {stray}: not among budgets {list(self.budgets)}")
+        for field in ("finetune_budgets", "finetune_every_row"):
+            stray = [b for b in getattr(self, field) or () if b not in self.budgets]
+            if stray:
+                raise ValueError(f"{field} {stray}: not among budgets {list(self.budgets)}")
         if len(set(self.seeds)) != len(self.seeds) or not self.seeds:
             raise ValueError(f"seeds={list(self.seeds)}: one or more distinct seeds")
 
-    @property
-    def tuned_budgets(self) -> tuple[float, ...]:
-        """The budgets whose rows are fine-tuned (``finetune_budgets``, or every budget)."""
-        return tuple(self.finetune_budgets or self.budgets)
+    def fine_tunes(self, kind: str, budget: float, main_split: bool) -> bool:
+        """Whether a row of this kind, budget and split is fine-tuned."""
+        if budget in self.finetune_every_row:
+            return True
+        return (
+            main_split and kind in self.finetune_methods and budget in (self.finetune_budgets or self.budgets)
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
