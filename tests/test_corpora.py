@@ -412,3 +412,25 @@ def test_a_corpus_prepared_with_a_custom_end_of_document_token_trains(tmp_path, 
         repro_main(["fit", "--config", str(tmp_path / "fit.yaml"), "--data.corpus=prepared",
                     f"--data.prepared_dir={tmp_path / 'by-flag'}", "--data.eos_token=Ġthe"])  # fmt: skip
     assert done.value.code == 2 and "prepared with end-of-document id" in capsys.readouterr().err
+
+
+def test_a_row_file_that_cannot_be_read_is_one_line_naming_it(tmp_path):
+    """Local row files are read by datasets' own builders; what they cannot read is one line that
+    names the file (a line that is not JSON, a parquet column it has not)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from repro.data.sources import iter_documents, resolve
+
+    def documents(path: Path, **kw) -> list:
+        return [(d.name, d.text) for d in iter_documents(resolve(Source(location=(str(path),), **kw)))]
+
+    (tmp_path / "rows.json").write_text(json.dumps([{"text": "a b", "id": 7}, {"text": "c"}]))
+    assert documents(tmp_path / "rows.json") == [("0", "a b"), ("1", "c")]  # a JSON array too
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"text": broken\n')
+    with pytest.raises(ValueError, match=r"^source '.*bad.jsonl': cannot read it as jsonl \(.*\)$"):
+        documents(bad)
+    pq.write_table(pa.table({"text": ["x y"], "url": ["u"]}), tmp_path / "rows.parquet")
+    with pytest.raises(ValueError, match=r"no column 'body'; its columns are \['text', 'url'\]$"):
+        documents(tmp_path / "rows.parquet", text_column="body")

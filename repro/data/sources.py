@@ -19,8 +19,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import importlib.metadata as metadata
-import itertools
-import json
+import logging
 import os
 import re
 from collections.abc import Iterator
@@ -262,10 +261,7 @@ def iter_documents(resolved: ResolvedSource, split: str | None = None) -> Iterat
 def _rows(resolved: ResolvedSource, split: str) -> Iterator[Document]:
     source = resolved.source
     where = f"source {source.location[0]!r}"
-    if resolved.format in BUILDERS:
-        rows = (row for f in resolved.files for row in _file_rows(f, resolved.format, source))
-    else:
-        rows = _datasets_rows(resolved, split, where)
+    rows = _datasets_rows(resolved, split, where)
     for i, row in enumerate(rows):
         if source.text_column not in row:
             raise ValueError(f"{where}: row {i} has no column {source.text_column!r}; it has {sorted(row)}")
@@ -275,78 +271,34 @@ def _rows(resolved: ResolvedSource, split: str) -> Iterator[Document]:
             yield Document(name, text)
 
 
-def _file_rows(path: Path, fmt: str, source: Source) -> Iterator[dict]:
-    """The rows of one local file, read in batches (pyarrow) or line by line (JSON lines)."""
-    columns = [c for c in (source.text_column, source.name_column) if c]
-    if fmt == "jsonl":
-        yield from _json_lines(path)
-        return
-    import pyarrow as pa
-
-    if fmt == "parquet":
-        import pyarrow.parquet as pq
-
-        file = pq.ParquetFile(path)
-        missing = [c for c in columns if c not in file.schema_arrow.names]
-        if missing:
-            raise ValueError(
-                f"source {str(path)!r}: no column {missing[0]!r}; its columns are {file.schema_arrow.names}"
-            )
-        batches = file.iter_batches(batch_size=1024, columns=columns)
-    elif fmt == "arrow":
-        try:
-            reader = pa.ipc.open_file(path)
-            batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
-        except pa.ArrowInvalid:
-            batches = iter(pa.ipc.open_stream(path))  # the stream format (what datasets writes)
-    else:
-        import pyarrow.csv as pcsv
-
-        batches = iter(pcsv.open_csv(path))
-    for batch in batches:
-        yield from batch.to_pylist()
-
-
-def _json_lines(path: Path) -> Iterator[dict]:
-    name = str(path)
-    if name.endswith(".gz"):
-        import gzip
-
-        stream = gzip.open(path, "rt", encoding="utf-8")  # noqa: SIM115 (closed by the with below)
-    elif name.endswith(".zst"):
-        try:
-            import zstandard
-        except ImportError:
-            raise ImportError(
-                f"source {name!r}: reading .zst needs the zstandard package (pip install zstandard)"
-            ) from None
-        import io
-
-        raw = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)  # noqa: SIM115
-        stream = io.TextIOWrapper(raw, encoding="utf-8")
-    else:
-        stream = open(path, encoding="utf-8")  # noqa: SIM115 (closed by the with below)
-    with stream:
-        first = stream.read(1)
-        while first.isspace():
-            first = stream.read(1)
-        if first == "[":  # a JSON array (small files only: it is read whole)
-            yield from json.loads(first + stream.read())
-            return
-        lines = itertools.chain([first + stream.readline()], stream)
-        for number, line in enumerate(lines, 1):
-            if line.strip():
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"source {name!r}: line {number} is not JSON ({exc.msg})") from None
-
-
 def _datasets_rows(resolved: ResolvedSource, split: str, where: str) -> Iterator[dict]:
     import datasets
 
     datasets.disable_progress_bars()
     source = resolved.source
+    if resolved.format in BUILDERS:  # local row files, streamed by datasets' own builder
+        builder = BUILDERS[resolved.format]
+        # its error (a line that is not JSON) is ours to say, in one line
+        logging.getLogger(f"datasets.packaged_modules.{builder}.{builder}").setLevel(logging.CRITICAL)
+        files = [str(f) for f in resolved.files]
+        columns = [c for c in (source.text_column, source.name_column) if c]
+        options = {"columns": columns} if builder == "parquet" else {}  # read no other column
+        try:
+            yield from datasets.load_dataset(
+                builder, data_files=files, split="train", streaming=True, **options
+            )
+        except (ValueError, OSError, datasets.exceptions.DatasetGenerationError) as exc:
+            if "No match for FieldRef" in str(exc):  # parquet: a column it has not
+                import pyarrow.parquet as pq
+
+                have = pq.read_schema(files[0]).names
+                missing = next(c for c in columns if c not in have)
+                raise ValueError(f"{where}: no column {missing!r}; its columns are {have}") from None
+            hint = "; .zst needs the zstandard package: pip install zstandard" if "zstd" in str(exc) else ""
+            raise ValueError(
+                f"{where}: cannot read it as {resolved.format} ({_first_line(exc)}{hint})"
+            ) from None
+        return
     if resolved.format == "hf_disk":
         loaded = datasets.load_from_disk(source.location[0])
         if isinstance(loaded, datasets.DatasetDict):
