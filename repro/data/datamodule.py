@@ -167,25 +167,7 @@ class TextDataModule(L.LightningDataModule):
                 f"data.corpus={self.corpus!r} is split by `repro data prepare`, not in memory"
             )
         if self._small is None:
-            self._small = SmallCorpus(
-                self.corpus,
-                self.cache_dir,
-                self.text_files,
-                self.hf_dataset_dir,
-                self.text_field,
-                self.strip_markdown,
-                self.val_fraction,
-                self.val_documents,
-                self.test_fraction,
-                self.test_documents,
-                self.finetune_documents,
-                self.train_subset,
-                self.split_seed,
-                self.tokenizer_kind,
-                self.requested_vocab_size,
-                self.tokenizer_file,
-                self.eos_token,
-            )
+            self._small = SmallCorpus.of(self.hparams)
         return self._small
 
     @property
@@ -219,7 +201,7 @@ class TextDataModule(L.LightningDataModule):
                 given = (
                     load_tokenizer_file(self.tokenizer_file, self.eos_token) if self.tokenizer_file else None
                 )
-                self._tokenizer = given or self.small.tokenizer
+                self._tokenizer = given or self.small.text_tokenizer
         self._shards = {name: self._corpus.shards(name) for name in ("train", "validation", "test")}
 
     def _open_foreign_shards(self) -> None:
@@ -252,7 +234,7 @@ class TextDataModule(L.LightningDataModule):
     def tokenizer(self) -> TextTokenizer:
         if self._tokenizer is None:
             if self.corpus in IN_MEMORY_CORPORA:
-                self._tokenizer = self.small.tokenizer
+                self._tokenizer = self.small.text_tokenizer
             else:
                 self._open()
             if self._tokenizer is None:

@@ -7,7 +7,10 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from .corpus import DocumentSplit, load_documents, split_documents
 from .prepared import DEFAULT_SHARD_TOKENS, MANIFEST
@@ -16,45 +19,39 @@ from .tokenizer import TextTokenizer, load_or_train_tokenizer, load_tokenizer_fi
 from .writing import write_prepared
 
 
+@dataclass
 class SmallCorpus:
-    """The datamodule's small-corpus settings (its fields of the same names)."""
+    """The datamodule's small-corpus settings (its parameters of the same names)."""
 
-    def __init__(
-        self,
-        corpus: str,
-        cache_dir: Path,
-        text_files: list[str] | None,
-        hf_dataset_dir: str | None,
-        text_field: str,
-        strip_markdown: bool,
-        val_fraction: float,
-        val_documents: list[str] | None,
-        test_fraction: float,
-        test_documents: list[str] | None,
-        finetune_documents: list[str] | None,
-        train_subset: str,
-        split_seed: int,
-        tokenizer_kind: str,
-        vocab_size: int,
-        tokenizer_file: str | None,
-        eos_token: str | None,
-    ) -> None:
-        self.corpus, self.cache_dir = corpus, Path(cache_dir)
-        self.text_files, self.hf_dataset_dir, self.text_field = text_files, hf_dataset_dir, text_field
-        self.strip_markdown = strip_markdown
-        self.val_fraction, self.val_documents = val_fraction, val_documents
-        self.test_fraction, self.test_documents = test_fraction, test_documents
-        self.finetune_documents, self.train_subset, self.split_seed = (
-            finetune_documents,
-            train_subset,
-            split_seed,
-        )
-        self.tokenizer_kind, self.vocab_size = tokenizer_kind, vocab_size
-        self.tokenizer_file, self.eos_token = tokenizer_file, eos_token
-        self._split: DocumentSplit | None = None
-        self._tokenizer_documents: list = []  # what the tokenizer learns from (set with the split)
-        self._tokenizer: TextTokenizer | None = None
-        self.tokenizer_path: Path | None = None
+    corpus: str
+    cache_dir: Path
+    text_files: list[str] | None
+    hf_dataset_dir: str | None
+    text_field: str
+    strip_markdown: bool
+    val_fraction: float
+    val_documents: list[str] | None
+    test_fraction: float
+    test_documents: list[str] | None
+    finetune_documents: list[str] | None
+    train_subset: str
+    split_seed: int
+    tokenizer: str  # the kind ('bpe', 'char'); the tokenizer itself is text_tokenizer
+    vocab_size: int
+    tokenizer_file: str | None
+    eos_token: str | None
+    _split: DocumentSplit | None = field(default=None, init=False)
+    _tokenizer_documents: list = field(default_factory=list, init=False)  # what the tokenizer learns from
+    _tokenizer: TextTokenizer | None = field(default=None, init=False)
+    tokenizer_path: Path | None = field(default=None, init=False)
+
+    @classmethod
+    def of(cls, parameters: Mapping[str, Any]) -> SmallCorpus:
+        """The small corpus of a datamodule's parameters (its ``hparams``)."""
+        return cls(**{f.name: parameters[f.name] for f in fields(cls) if f.init})
+
+    def __post_init__(self) -> None:
+        self.cache_dir = Path(self.cache_dir)
 
     @property
     def split(self) -> DocumentSplit:
@@ -103,7 +100,7 @@ class SmallCorpus:
         return DocumentSplit(train, split.validation, split.test), pretrain
 
     @property
-    def tokenizer(self) -> TextTokenizer:
+    def text_tokenizer(self) -> TextTokenizer:
         """A tokenizer file as given, or the one trained on the (pre)training documents (cached)."""
         if self._tokenizer is None:
             if self.tokenizer_file:
@@ -112,7 +109,7 @@ class SmallCorpus:
             else:
                 docs = self._tokenizer_documents if self.split is not None else []
                 self._tokenizer, self.tokenizer_path = load_or_train_tokenizer(
-                    self.tokenizer_kind,
+                    self.tokenizer,
                     self.vocab_size,
                     [d.text for d in docs],
                     DocumentSplit(docs, []).fingerprint(("train",)),
@@ -123,7 +120,7 @@ class SmallCorpus:
     def prepared_folder(self) -> Path:
         """The prepared folder in the cache (written on first use: into a temporary folder renamed
         into place, so processes that race leave one whole folder)."""
-        split, tok = self.split, self.tokenizer
+        split, tok = self.split, self.text_tokenizer
         key = hashlib.sha256(f"{tokenizer_digest(tok)}|{split.fingerprint()}".encode()).hexdigest()[:16]
         folder = self.cache_dir / "prepared" / f"{self.corpus}-{key}"
         if (folder / MANIFEST).is_file():
@@ -134,7 +131,7 @@ class SmallCorpus:
             tmp,
             [(name, d) for name in ("train", "validation", "test") for d in getattr(split, name)],
             tok,
-            "file" if self.tokenizer_file else self.tokenizer_kind,
+            "file" if self.tokenizer_file else self.tokenizer,
             dtype_for_vocab(int(tok.vocab_size)),
             {"format": self.corpus, "fingerprint": split.fingerprint()},
             {"rule": "in-memory", "subset": self.train_subset},
