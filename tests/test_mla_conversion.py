@@ -394,6 +394,9 @@ def test_repro_mla_plane_allocates_each_budget_per_layer_and_resumes(hf_config, 
     repro("mla-plane", "--settings", str(tmp_path / "plane.yaml"))
     assert "rows converted" in capsys.readouterr().err
     assert stamp == {p: p.stat().st_mtime for p in stamp}  # nothing converted or trained again
+    trained = len(list((tmp_path / "plane" / "runs").glob("*-s0.json")))  # the source and the tuned rows
+    repro("mla-plane", "--settings", str(tmp_path / "plane.yaml"), "--plan", "--step_time", "0.1")
+    assert f"mla-plane fine-tunes: {trained} runs" in capsys.readouterr().out  # --plan counts what runs
 
 
 def test_a_cache_budget_no_split_can_meet_names_what_can():

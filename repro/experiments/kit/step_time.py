@@ -2,7 +2,7 @@
 clock (:class:`StepClock`) of every timing in the suite (``repro bench`` and ``--plan``), and with
 them a model config's speed on a device: the Lightning path the runs use (``GPTLightningModule``
 under a Trainer) and the same training as the plain loop, eager or compiled, with the training
-FLOPs of a step counted by ``torch.utils.flop_counter`` (on the meta device, so counting costs
+FLOPs of a step counted by Lightning's ``measure_flops`` (on the meta device, so counting costs
 nothing). ``make bench-gpu`` compares them; ``--plan`` uses a measured step time for its GPU-hours.
 
 Timing on CUDA synchronises only at the ends of the timed window, so the steps run as they do in
@@ -144,11 +144,12 @@ class StepClock(L.Callback):
     callback, or ``start()`` and ``tick()`` by hand in a plain loop): the wall clock, its CPU time
     (every thread of the process: compute, codecs, the transport's threads) and the bytes its
     network interface has sent (``eth0`` of a link run's namespace, headers included; None
-    elsewhere). On a CUDA ``device`` each reading waits for the device first, so the steps between
-    readings run as they do in a real run (asynchronously)."""
+    elsewhere). On a CUDA ``device`` the start and the readings after the steps ``sync_after`` counts
+    (1-based: a timed window's ends) wait for the device first; the steps between run as they do in a
+    real run (asynchronously)."""
 
-    def __init__(self, device: torch.device | None = None) -> None:
-        self.device = device
+    def __init__(self, device: torch.device | None = None, sync_after: tuple[int, ...] = ()) -> None:
+        self.device, self.sync_after = device, sync_after
         self.started = 0.0
         self.times: list[float] = []
         self.cpu: list[float] = []
@@ -159,7 +160,8 @@ class StepClock(L.Callback):
         self.started = time.perf_counter()
 
     def tick(self) -> None:
-        _sync(self.device)
+        if len(self.times) + 1 in self.sync_after:
+            _sync(self.device)
         self.times.append(time.perf_counter())
         self.cpu.append(time.process_time())
         self.tx.append(wire_tx_bytes())
@@ -189,6 +191,11 @@ class StepClock(L.Callback):
         )
 
 
+def window(job: TimingJob) -> tuple[int, int]:
+    """The steps after which a timing's clock waits for the device: the end of the warm-up, the last."""
+    return job.warmup, len(job.batches)
+
+
 def read_ranks(folder: Path, k: int) -> list[dict[str, Any]]:
     """The reports :meth:`StepClock.write` left in ``folder`` by ranks 0 to k - 1 (one missing: an error)."""
     missing = [r for r in range(k) if not (folder / f"rank{r}.json").exists()]
@@ -212,7 +219,7 @@ def plain_loop_timing(job: TimingJob) -> StepTiming:
     loop = PlainLoop.gpt(job.cfg, job.optim, device=job.device, compile=job.compile, bf16=job.bf16)
     if job.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(job.device)
-    clock = StepClock(job.device)
+    clock = StepClock(job.device, window(job))
     clock.start()
     for batch in job.batches:
         loop.step(batch)
@@ -243,7 +250,7 @@ def lightning_timing(job: TimingJob) -> StepTiming:
         module = HFCausalLMModule(pretrained, optim, compile=compile)
     else:
         module = GPTLightningModule(job.cfg, optim, compile=compile)
-    clock = StepClock(device)
+    clock = StepClock(device, window(job))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     timed_fit(

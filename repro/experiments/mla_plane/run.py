@@ -16,7 +16,6 @@ to resume):
 
 from __future__ import annotations
 
-import itertools
 import sys
 import time
 from pathlib import Path
@@ -73,6 +72,10 @@ class Plane:
             b: [split_for(b, n, self.n_kv, self.head_dim, full_rank(self.hf, n)) for n in pairs]
             for b, pairs in zip(settings.budgets, settings.splits)
         }
+
+    def fine_tunes(self, row: Row) -> bool:
+        """Whether the settings fine-tune this row (its kind, budget and split)."""
+        return self.settings.fine_tunes(row.kind, row.budget, row.split == self.splits[row.budget][0])
 
     # ------------------------------------------------------------------ 1. calibration
     @property
@@ -222,15 +225,15 @@ def run(
     plane = Plane(settings)
     started = time.perf_counter()
     if plan:  # the fine-tunes are the cost; the conversions and evaluations are minutes
-        folders = {SOURCE: plane.source}
-        for b, pairs in zip(settings.budgets, settings.splits):
-            for kind in settings.rows:
-                draws = settings.random_draws if kind == "random-k" else 1
-                for (i, n), draw in itertools.product(enumerate(pairs), range(draws)):
-                    if (kind == "uniform (split)") == (i > 0) and settings.fine_tunes(kind, b, i == 0):
-                        folders[f"B{b:g} {kind} N{n} #{draw}"] = (
-                            f"{settings.out}/models/<{kind} N{n} #{draw}>"
-                        )
+        flat = [0.0] * plane.n_layer  # the rows' names and count need no profile
+        rows = [
+            r
+            for b, ss in plane.splits.items()
+            for r in budget_rows(settings, b, ss, plane.n_layer, flat, flat)
+        ]
+        folders = {SOURCE: plane.source} | {
+            r.name: f"{settings.out}/models/<{r.name}>" for r in rows if plane.fine_tunes(r)
+        }
         runs = planned_runs(list(plane.finetune_specs(folders).values()), 1)
         print_plan("mla-plane fine-tunes", runs, settings.finetune_config, accelerator, step_time)
         return None
@@ -249,9 +252,7 @@ def run(
             Path(c).stem: plane.zero_shot(folder.name, str(folder), c) for c in plane.contexts
         }
         report(i + 1, len(rows))
-    tuned_names = [
-        r.name for r in rows if settings.fine_tunes(r.kind, r.budget, r.split == plane.splits[r.budget][0])
-    ]
+    tuned_names = [r.name for r in rows if plane.fine_tunes(r)]
     specs = plane.finetune_specs({SOURCE: plane.source} | {n: folders[n] for n in tuned_names})
     finetuned = plane.finetuned(specs) if specs else {}
     accounts = {
