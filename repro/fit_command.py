@@ -17,7 +17,8 @@ import yaml
 from jsonargparse import ArgumentError
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from repro.arguments import one_line, show_field_docs
+from repro.argument_errors import one_line
+from repro.arguments import show_field_docs
 from repro.cores import busy_machine_line
 from repro.lit.cli import ConfigError, ReproCLI
 from repro.lit.gpt_module import GPTLightningModule

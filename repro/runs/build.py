@@ -24,7 +24,7 @@ import torch
 from jsonargparse import ArgumentError
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from repro.arguments import one_line
+from repro.argument_errors import one_line
 from repro.files import read_json, write_json_atomic
 from repro.lit.cli import VERBOSE_ENV, ConfigError, ReproCLI
 from repro.lit.gpt_module import GPTLightningModule

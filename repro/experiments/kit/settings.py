@@ -19,7 +19,8 @@ from typing import Any, TypeVar
 from jsonargparse import ArgumentParser
 from jsonargparse.typing import Path_fr
 
-from repro.arguments import fields_help, settings_one_line
+from repro.argument_errors import settings_one_line
+from repro.arguments import fields_help
 from repro.paths import EXPERIMENTS_DIR, missing_file_message
 
 ConfigPath = Path_fr  # a field of this type is a file path, relative to the settings file that names it

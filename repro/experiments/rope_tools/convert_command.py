@@ -18,16 +18,10 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from repro.arguments import NonNegativeInt, Parser, PositiveInt
+from repro.arguments import NonNegativeInt, PositiveInt
 from repro.files import read_json
-from repro.models.hf_folder import HFModelError
-
-SVD_HELP = (
-    "how the position-free keys and the values are factorized: 'weights' (the SVD of the stacked "
-    "projections, MHA2MLA's) or 'activations' (the SVD that keeps their outputs on --calibration text)"
-)
 
 
 def per_layer_value(text: str, word: str, key: str) -> int | str | list:
@@ -55,40 +49,67 @@ def per_layer_value(text: str, word: str, key: str) -> int | str | list:
     return [v if v == word else int(v) for v in doc]
 
 
-def convert_command(args) -> dict[str, Any]:
+def convert_mla(
+    pretrained: str,
+    rotary_pairs: str,
+    latent_rank: str,
+    out: Path,
+    pair_order: Path | None = None,
+    svd: Literal["weights", "activations"] = "weights",
+    calibration: Path | None = None,
+    calibration_blocks: PositiveInt = 32,
+    deepseek: Path | None = None,
+    check_tokens: NonNegativeInt = 128,
+) -> dict[str, Any]:
+    """A pretrained model converted to latent attention, widths per layer; what it wrote.
+
+    Args:
+        pretrained: the source: a model folder, a .gguf, an installed package, a hub id
+        rotary_pairs: N | all | FILE (per layer; see the help above)
+        latent_rank: R | full | FILE (per layer; see the help above)
+        out: the model folder to write
+        pair_order: which pairs each key/value head keeps: a file of repro profile pair-order (MHA2MLA's q.k
+            2-norm order); default: the highest frequencies
+        svd: how the position-free keys and the values are factorized: 'weights' (the SVD of the stacked
+            projections, MHA2MLA's) or 'activations' (the SVD that keeps their outputs on --calibration text)
+        calibration: --svd activations: a repro fit YAML naming the same model.pretrained; its training text
+            calibrates
+        calibration_blocks: blocks of calibration text
+        deepseek: also write the conversion as a Hugging Face DeepseekV3 folder here (same widths in every
+            layer)
+        check_tokens: --deepseek: compare both folders' logits on this many random tokens (0: no check)
+    """
     from repro.alloc.calibration import attention_input_moments, calibration_batches
     from repro.models.hf_rotary import read_pair_order
     from repro.models.mla_conversion import convert_to_mla, kv_cache_elements, plan_widths, source_config
     from repro.models.mla_llama import head_dim_of
 
-    folder, config = source_config(args.pretrained)
+    folder, config = source_config(pretrained)
     order = None
-    if args.pair_order is not None:
+    if pair_order is not None:
         half = head_dim_of(config) // 2
-        order = read_pair_order(
-            str(args.pair_order), config.num_hidden_layers, config.num_key_value_heads, half
-        )
-    pairs = per_layer_value(args.rotary_pairs, "all", "rotary_pairs")
-    ranks = per_layer_value(args.latent_rank, "full", "latent_ranks")
+        order = read_pair_order(str(pair_order), config.num_hidden_layers, config.num_key_value_heads, half)
+    pairs = per_layer_value(rotary_pairs, "all", "rotary_pairs")
+    ranks = per_layer_value(latent_rank, "full", "latent_ranks")
     widths = plan_widths(config, pairs, ranks, order)
-    if args.deepseek is not None:
+    if deepseek is not None:
         from repro.models.deepseek_export import check_deepseek_exportable
 
         check_deepseek_exportable(config, widths)  # before the work
     covariances = None
-    if args.svd == "activations":
-        if args.calibration is None:
+    if svd == "activations":
+        if calibration is None:
             raise ValueError(
                 "--svd activations: give --calibration CONFIG (a repro fit YAML whose text calibrates)"
             )
         print(
-            f"[convert-mla] calibrating on {args.calibration_blocks} blocks of {args.calibration}",
+            f"[convert-mla] calibrating on {calibration_blocks} blocks of {calibration}",
             file=sys.stderr,
         )
-        model, batches = calibration_batches(args.calibration, args.calibration_blocks)
+        model, batches = calibration_batches(calibration, calibration_blocks)
         if Path(model.folder).resolve() != Path(folder).resolve():
             raise ValueError(
-                f"--calibration {str(args.calibration)!r} names model {str(model.folder)!r}, "
+                f"--calibration {str(calibration)!r} names model {str(model.folder)!r}, "
                 f"not the source {str(folder)!r}"
             )
         covariances = attention_input_moments(model, batches)
@@ -96,15 +117,15 @@ def convert_command(args) -> dict[str, Any]:
     record = {
         "source": str(Path(folder).resolve()),
         "source_model_type": config.model_type,
-        "pair_order": "highest frequencies" if order is None else str(Path(args.pair_order).resolve()),
-        "svd": args.svd,
+        "pair_order": "highest frequencies" if order is None else str(Path(pair_order).resolve()),
+        "svd": svd,
         "calibration": None
         if covariances is None
-        else {"config": str(args.calibration), "blocks": args.calibration_blocks},
+        else {"config": str(calibration), "blocks": calibration_blocks},
         "command": "repro convert-mla " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["convert-mla"] else None,
     }  # fmt: skip
     started = time.perf_counter()
-    out = convert_to_mla(folder, args.out, widths, covariances, record)
+    out = convert_to_mla(folder, out, widths, covariances, record)
     before, after = kv_cache_elements(config), [w.cache_elements for w in widths]
     summary = {
         "out": str(out),
@@ -118,73 +139,17 @@ def convert_command(args) -> dict[str, Any]:
     for i, w in enumerate(widths):
         print(f"  layer {i:3d}: {len(w.pairs[0]):3d} rotary pairs per kv head, latent rank {w.rank:4d}, "
               f"{w.cache_elements:5d} elements (source {before[i]})")  # fmt: skip
-    if args.deepseek is not None:
+    if deepseek is not None:
         from repro.models.deepseek_export import compare_logits, write_deepseek
 
-        written = write_deepseek(out, args.deepseek)
+        written = write_deepseek(out, deepseek)
         print(f"wrote {written}: the same model as a Hugging Face DeepseekV3 folder (transformers loads it)")
         summary["deepseek"] = str(written)
-        if args.check_tokens:
-            check = compare_logits(out, written, args.check_tokens)
+        if check_tokens:
+            check = compare_logits(out, written, check_tokens)
             print(
                 f"  its logits against the converted model's (both by transformers, float32, {check['tokens']} random "
                 f"tokens): max |difference| {check['max_abs_diff']:.3g}, max |logit| {check['max_abs_logit']:.3g}"
             )
             summary["deepseek_check"] = check
     return summary
-
-
-def build_parser() -> Parser:
-    parser = Parser(prog="repro convert-mla", description=__doc__)
-    parser.add_argument(
-        "--pretrained",
-        required=True,
-        help="the source: a model folder, a .gguf, an installed package, a hub id",
-    )
-    parser.add_argument(
-        "--rotary_pairs", required=True, help="N | all | FILE (per layer; see the help above)"
-    )
-    parser.add_argument(
-        "--latent_rank", required=True, help="R | full | FILE (per layer; see the help above)"
-    )
-    parser.add_argument(
-        "--pair_order",
-        type=Path,
-        default=None,
-        help="which pairs each key/value head keeps: a file of repro profile pair-order (MHA2MLA's q.k 2-norm "
-        "order); default: the highest frequencies",
-    )
-    parser.add_argument("--svd", choices=("weights", "activations"), default="weights", help=SVD_HELP)
-    parser.add_argument(
-        "--calibration",
-        type=Path,
-        default=None,
-        help="--svd activations: a repro fit YAML naming the same model.pretrained; its training text calibrates",
-    )
-    parser.add_argument(
-        "--calibration_blocks", type=PositiveInt, default=32, help="blocks of calibration text (default 32)"
-    )
-    parser.add_argument(
-        "--deepseek",
-        type=Path,
-        default=None,
-        help="also write the conversion as a Hugging Face DeepseekV3 folder here (same widths in every layer)",
-    )
-    parser.add_argument(
-        "--check_tokens",
-        type=NonNegativeInt,
-        default=128,
-        help="--deepseek: compare both folders' logits on this many random tokens (0: no check)",
-    )
-    parser.add_argument("--out", required=True, type=Path, help="the model folder to write")
-    return parser
-
-
-def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        convert_command(args)
-    except (ValueError, FileNotFoundError, HFModelError) as exc:
-        print(f"repro convert-mla: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
