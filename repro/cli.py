@@ -44,7 +44,10 @@ COMMANDS = {
         "a pretrained model converted to MLA at KV budgets: profiled vs MHA2MLA's uniform",
     ),
     "bench": ("repro.experiments.bench.run", "make bench: speed, communication and memory"),
-    "gpu-check": ("repro.gpu_check", "make gpu-check: the one GPU acceptance run (a table)"),
+    "gpu-check": (
+        "repro.gpu_check:gpu_check_command",
+        "make gpu-check: the one GPU acceptance run (a table)",
+    ),
 }
 SHARED_MODULES = ("repro.fit_command", "repro.experiments.rope_tools.commands")
 

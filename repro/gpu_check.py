@@ -25,7 +25,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from repro.arguments import Parser, PositiveInt
+from repro.arguments import PositiveInt
 from repro.files import table_head, write_report
 from repro.paths import EXPERIMENTS_DIR, MODELS_DIR
 
@@ -136,25 +136,23 @@ def markdown(r: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="repro gpu-check", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("results/gpu-check"), help="results folder")
-    parser.add_argument(
-        "--steps", type=PositiveInt, default=300, help="steps of the shortened Table 1's runs"
-    )
-    parser.add_argument("--quiet", action="store_true", help="no progress lines")
-    args = parser.parse_args(argv)
+def gpu_check_command(
+    out: Path = Path("results/gpu-check"), steps: PositiveInt = 300, quiet: bool = False
+) -> int:
+    """The GPU acceptance run's table on stdout; 1 where no CUDA GPU is visible or a part failed.
+
+    Args:
+        out: results folder
+        steps: steps of the shortened Table 1's runs
+        quiet: no progress lines
+    """
     import torch
 
     if not torch.cuda.is_available():
         print("repro gpu-check: no CUDA GPU is visible here; nothing was measured", file=sys.stderr)
         return 1
-    report = gpu_check(args.out, args.steps, args.quiet)
+    report = gpu_check(out, steps, quiet)
     print(markdown(report), end="")
     for name, trace in report["failed"].items():
         print(f"--- {name} failed:\n{trace}", file=sys.stderr)
     return 1 if report["failed"] else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

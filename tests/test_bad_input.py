@@ -179,14 +179,14 @@ def test_torchrun_without_num_nodes_is_one_line_before_any_process_starts(monkey
 
 
 def test_gpu_check_without_a_gpu_is_one_line_and_checks_its_arguments(capsys, tmp_path, monkeypatch):
-    from repro.gpu_check import main as gpu_check
+    from repro.cli import run
 
     monkeypatch.chdir(tmp_path)
-    assert gpu_check(["--out", str(tmp_path / "out")]) == 1
+    assert run(["gpu-check", "--out", str(tmp_path / "out")]) == 1
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert lines == ["repro gpu-check: no CUDA GPU is visible here; nothing was measured"]
     with pytest.raises(SystemExit) as exit_:
-        gpu_check(["--steps", "0"])
+        run(["gpu-check", "--steps", "0"])
     assert exit_.value.code == 2 and "--steps 0: must be > 0" in capsys.readouterr().err
     assert not list(tmp_path.rglob("*"))
 
@@ -200,7 +200,7 @@ def test_gpu_check_records_a_failing_part_and_runs_the_next(capsys, tmp_path, mo
     import repro.experiments.table1.cost as table1_cost
     import repro.experiments.table1.run as table1_run
     import repro.runs as runs
-    from repro.gpu_check import main as gpu_check
+    from repro.cli import run
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -218,7 +218,7 @@ def test_gpu_check_records_a_failing_part_and_runs_the_next(capsys, tmp_path, mo
     monkeypatch.setattr(runs, "train_all", fails("pipeline"))
     monkeypatch.setattr(table1_run, "run_table1", fails("table1"))
     monkeypatch.setattr(table1_cost, "print_table1_plan", fails("plan"))
-    assert gpu_check(["--out", str(tmp_path / "out"), "--quiet"]) == 1
+    assert run(["gpu-check", "--out", str(tmp_path / "out"), "--quiet"]) == 1
     assert tried == ["bench", "pipeline", "table1", "plan"]  # each part ran after the one before it failed
     report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
     assert list(report["failed"]) == ["bench-gpu", "pipeline", "table1", "plan"]
