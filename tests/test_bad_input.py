@@ -275,6 +275,25 @@ def test_the_rope_tools_take_verbose_after_the_command(argv):
 
 
 @pytest.mark.parametrize(
+    "argv",
+    [[c] for c in ("export", "gguf", "convert-mla", "allocate", "transfer", "account", "analyze", "table1",
+                   "clapping", "mla-plane", "bench", "gpu-check")]
+    + [["profile", k] for k in ("phase-off", "coverage", "fidelity", "interactions", "nope", "allocations",
+                                "pair-order")]
+    + [["data", a] for a in ("prepare", "info", "verify")],
+)  # fmt: skip
+def test_every_command_takes_v(argv, capsys):
+    """``-v`` is an option of every command as typed: an unknown option after it is refused alone."""
+    from repro.cli import run
+
+    assert set(argv[:1]) <= set(__import__("repro.cli").cli.COMMANDS)
+    with pytest.raises(SystemExit) as done:
+        run([*argv, "-v", "--no_such_option"])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and "arguments: -v" not in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize(
     "argv", [["table1", "--help"], ["profile", "coverage", "--help"], ["data", "prepare", "--help"]]
 )
 def test_every_commands_help_spells_its_options_as_repro_fit_does(argv, capsys):

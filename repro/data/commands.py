@@ -65,6 +65,8 @@ def parser() -> Parser:
     for name, what in (("info", "what a prepared folder holds"), ("verify", "check every shard's checksum")):
         action = sub(name, help=what)
         action.add_argument("folder", help="a folder made by repro data prepare")
+    for action in p.subparsers.values():  # as on every command (nothing here is Lightning's to show)
+        action.add_argument("-v", "--verbose", action="store_true", help="show Lightning's own lines too")
     return p
 
 
