@@ -16,6 +16,7 @@ from PIL import Image
 
 ROOT = Path(__file__).resolve().parent.parent
 SHOWN = (
+    "table1_deltas",
     "real_coverage",
     "real_context",
     "mla_plane",
