@@ -166,29 +166,23 @@ class Parser(jsonargparse.ArgumentParser):
         (``--seeds 0 1``), and a bool parameter is a bare flag (``--plan``; ``--no_<name>`` clears
         one whose default is true)."""
         hints, docs = typing.get_type_hints(fn), param_docs(fn)
-        shims = set()
+        shims = set()  # the parameters added here; jsonargparse adds the rest
         for name, param in inspect.signature(fn).parameters.items():
-            hint, default, kwargs = hints[name], param.default, {"help": docs.get(name), "dest": name}
-            if hint is bool and default is True:
-                self.add_argument(
-                    f"--no_{name}", action="store_false", **{**kwargs, "help": f"turn off: {docs.get(name)}"}
-                )
-            elif hint is bool:
-                self.add_argument(f"--{name}", action="store_true", **kwargs)
-            elif param.kind is param.POSITIONAL_ONLY or typing.get_origin(hint) in (list, tuple):
-                listed = typing.get_origin(hint) in (list, tuple)
-                kwargs.update(
-                    type=typing.get_args(hint)[0] if listed else hint, nargs="+" if listed else None
-                )
-                if param.kind is param.POSITIONAL_ONLY:
-                    self.add_argument(name, **{k: v for k, v in kwargs.items() if k != "dest"})
-                    shims.add(name)
-                    continue
-                if default is inspect.Parameter.empty:
-                    kwargs["required"] = True
-                else:
-                    kwargs["default"] = list(default) if isinstance(default, tuple) else default
-                self.add_argument(f"--{name}", **kwargs)
+            hint, default, doc = hints[name], param.default, docs.get(name)
+            listed = typing.get_origin(hint) in (list, tuple)
+            kind = {"type": typing.get_args(hint)[0], "nargs": "+"} if listed else {"type": hint}
+            if hint is bool:
+                off = default is True
+                self.add_argument(f"--no_{name}" if off else f"--{name}", dest=name,
+                                  action="store_false" if off else "store_true",
+                                  help=f"turn off: {doc}" if off else doc)  # fmt: skip
+            elif param.kind is param.POSITIONAL_ONLY:
+                self.add_argument(name, help=doc, **kind)
+            elif listed and default is inspect.Parameter.empty:
+                self.add_argument(f"--{name}", dest=name, help=doc, required=True, **kind)
+            elif listed:
+                default = list(default) if isinstance(default, tuple) else default
+                self.add_argument(f"--{name}", dest=name, help=doc, default=default, **kind)
             else:
                 continue
             shims.add(name)
