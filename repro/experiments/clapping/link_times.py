@@ -69,6 +69,8 @@ def bench_settings(settings: ClappingSettings, rows: list[ClappingRow]) -> dict[
     config = load_model_config(settings.model)
     shape, untied = link_shape(config)
     head = {"untied": True} if untied else {}
+    if settings.placement != "linear":  # every row at the grid's placement
+        head["placement"] = settings.placement
     runs, seen = [{"method": "none", **head}], {"none"}
     for row in rows:
         label = run_label(row)
@@ -145,6 +147,7 @@ def measure_link_times(
         if r["section"] != "link":
             continue
         label = r["name"].split(" @ ")[0].replace(", untied", "")  # the rows' model is untied as a whole
+        label = label.replace(f", placement {settings.placement}", "")  # and every row has its placement
         times[label] = {
             "step_s": r["median"],
             "speedup": r["ratio"] if r["reference"] else 1.0,

@@ -117,7 +117,7 @@ def run_spec(
         fwd_compressor=fwd,
         bwd_compressor=bwd,
         p=row.p,
-        placement="linear",  # every row sums its tied weight alike: the grid compares methods, not placements
+        placement=settings.placement,  # one for every row: the grid compares methods, not placements
         **({} if row.tied == "identity" else {"tied_compressor": row.tied}),
         warmup_epochs=settings.warmup_epochs,
         timeout_s=TIMEOUT_S,

@@ -114,6 +114,8 @@ class ClappingSettings:
     """M micro-batches per batch"""
     schedule: Literal["gpipe", "1f1b"] = "gpipe"
     """micro-batch schedule"""
+    placement: Literal["linear", "v", "auto"] = "linear"
+    """where the model's first part runs, the same for every row (auto: v for a tied head that outweighs)"""
     lazy_p: Probability = 0.5
     """p of the none_lazy ablation"""
     warmup_epochs: NonNegativeInt = 1
