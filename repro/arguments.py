@@ -205,15 +205,20 @@ USAGE_ERRORS = (ValueError, FileNotFoundError, ConnectionError)  # a command's w
 VERBOSE_ENV = "REPRO_VERBOSE"  # set (to 1) by a command's -v: Lightning's own lines are shown
 
 
+def function_parser(fn: typing.Callable, prog: str, description: str | None = None) -> Parser:
+    """The parser of command ``fn``: its parameters (:meth:`Parser.add_function`) and ``-v``."""
+    parser = Parser(prog=prog, description=description or (inspect.getdoc(fn) or "").split("\n\n")[0])
+    parser.add_function(fn)
+    parser.add_argument("-v", "--verbose", action="store_true", help="show Lightning's own lines too")
+    return parser
+
+
 def call(fn: typing.Callable, argv: list[str], prog: str, description: str | None = None) -> int:
     """Run command ``fn`` on the command line ``argv``: its parameters are the options
     (:meth:`Parser.add_function`), ``-v`` shows Lightning's own lines, and a wrong input that ``fn``
     raises (:data:`USAGE_ERRORS`) is one line on stderr with exit status 2, as a wrong option is.
     ``fn`` may return its exit status (an int; anything else: 0)."""
-    parser = Parser(prog=prog, description=description or (inspect.getdoc(fn) or "").split("\n\n")[0])
-    parser.add_function(fn)
-    parser.add_argument("-v", "--verbose", action="store_true", help="show Lightning's own lines too")
-    args = parser.parse_args(argv)
+    args = function_parser(fn, prog, description).parse_args(argv)
     if args.pop("verbose"):
         os.environ[VERBOSE_ENV] = "1"
     positional = [n for n, p in inspect.signature(fn).parameters.items() if p.kind is p.POSITIONAL_ONLY]

@@ -30,11 +30,20 @@ COMMANDS = {
         "repro.experiments.rope_tools.commands",
         "per-layer profiles: coverage, phase-off, interactions",
     ),
-    "allocate": ("repro.experiments.rope_tools.commands", "allocate high/low RoPE coverage under a budget"),
-    "transfer": ("repro.experiments.rope_tools.commands", "map a profile to a model of another depth"),
-    "account": ("repro.experiments.rope_tools.commands", "KV cache, RoPE and attention cost per token"),
+    "allocate": (
+        "repro.experiments.rope_tools.commands:allocate",
+        "allocate high/low RoPE coverage under a budget",
+    ),
+    "transfer": (
+        "repro.experiments.rope_tools.commands:transfer",
+        "map a profile to a model of another depth",
+    ),
+    "account": (
+        "repro.experiments.rope_tools.commands:account",
+        "KV cache, RoPE and attention cost per token",
+    ),
     "analyze": (
-        "repro.experiments.rope_tools.commands",
+        "repro.experiments.rope_tools.commands:analyze",
         "stability, calibration, transfer fidelity of profiles",
     ),
     "table1": ("repro.experiments.table1.run", "make reproduce-table1: the whole Table 1 pipeline"),

@@ -239,7 +239,7 @@ def test_gpu_check_records_a_failing_part_and_runs_the_next(capsys, tmp_path, mo
          "fidelity, interactions (see repro profile --help)"),
         (["profile", "nope", "--config", "c"], "repro profile nope: error: the following arguments are required: "
          "--profile, --layers, --out"),
-        (["transfer", "--profile", "p", "--target_layers", "x", "--out", "o"], "--target_layers: not a PositiveInt"),
+        (["transfer", "--profile", "p", "--target_layers", "x", "--out", "o"], "--target_layers x: not a PositiveInt"),
         # the old spelling, with dashes, named with its new one (in a subcommand's options too)
         (["table1", "--float-spread"], "repro table1: error: --float-spread: spelled --float_spread now"),
         (["profile", "coverage", "--config", "c", "--finetune-steps=3"], "--finetune-steps: spelled --finetune_steps"),
@@ -268,10 +268,18 @@ def test_every_command_parses_with_one_system_and_refuses_in_one_line(argv, line
 )
 def test_the_rope_tools_take_verbose_after_the_command(argv):
     """``-v`` sits on every command as typed (it sat on a parser no command reached)."""
-    from repro.arguments import flat
+    import importlib
+
+    from repro.arguments import flat, function_parser
+    from repro.cli import COMMANDS
     from repro.experiments.rope_tools.command_arguments import build_parser
 
-    assert flat(build_parser().parse_args(argv), "command", "profile_kind").verbose is True
+    target, _, function = COMMANDS[argv[0]][0].partition(":")
+    if function:  # a typed function: the parser repro.arguments.call builds for it
+        fn = getattr(importlib.import_module(target), function)
+        assert function_parser(fn, f"repro {argv[0]}").parse_args(argv[1:]).verbose is True
+    else:
+        assert flat(build_parser().parse_args(argv), "command", "profile_kind").verbose is True
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The arguments of ``repro profile|allocate|transfer|account|analyze`` (``commands.py`` runs them)."""
+"""The arguments of ``repro profile``'s subcommands (``commands.py`` runs them)."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def _runs_args(p: argparse.ArgumentParser, default: str = "<out>.runs/") -> None
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="repro",
-        description="The RoPE allocation pipeline: profiles, allocations, transfer, accounting, analysis.",
+        description="The RoPE allocation pipeline's profiles.",
     )
     sub = parser.subcommands("command")
 
@@ -204,115 +204,6 @@ def build_parser() -> argparse.ArgumentParser:
     inter.add_argument("--out", required=True, type=Path, help="output JSON of interaction terms")
     _runs_args(inter, default="the profile's own runs folder, so that its base runs are reused")
 
-    al = sub(
-        "allocate",
-        help="choose high/low layers under the budget with one or more methods",
-        description="Allocations under a fixed budget. Budget-matched: profiled, transferred, uniform, "
-        "first-k, last-k, spaced-k, random-k, inverse, phase-off-k. Reference points: "
-        "all-high, all-low, nope.",
-    )
-    al.add_argument("--config", required=True, type=Path, help="the repro fit YAML of the model to allocate")
-    al.add_argument(
-        "--method", nargs="+", default=["all"], help="methods, or 'all' (those whose inputs are given)"
-    )
-    al.add_argument("--benefit", type=Path, help="coverage-benefit profile JSON (profiled, inverse)")
-    al.add_argument("--transferred", type=Path, help="transferred profile JSON (transferred)")
-    al.add_argument("--phase_off", type=Path, help="phase-off profile JSON (phase-off-k)")
-    al.add_argument(
-        "--draws", type=NonNegativeInt, default=3, help="random-k: number of seeded draws R (default 3)"
-    )
-    al.add_argument(
-        "--seed",
-        type=NonNegativeInt,
-        default=0,
-        help="random-k: seed of the first draw (draw r uses seed + r)",
-    )
-    al.add_argument("--out", required=True, type=Path, help="output JSON with every allocation")
-    al.add_argument(
-        "--write_configs",
-        type=Path,
-        default=None,
-        help="also write one repro fit YAML per allocation into this folder (train with repro fit --config)",
-    )
-    _levels_args(al)
-
-    tr = sub(
-        "transfer",
-        help="map a profile to a model of another depth by normalized depth",
-        description="Normalized-depth transfer: layer j of an L-layer model sits at u=j/(L-1); the "
-        "target profile is the source profile interpolated at the target's depths.",
-    )
-    tr.add_argument(
-        "--profile", required=True, type=Path, help="source profile JSON (measured on the smaller model)"
-    )
-    target = tr.add_mutually_exclusive_group(required=True)
-    target.add_argument("--config", type=Path, help="the target model's repro fit YAML")
-    target.add_argument("--target_layers", type=PositiveInt, help="number of layers of the target model")
-    tr.add_argument(
-        "--method", choices=("linear", "nearest"), default="linear", help="interpolation (default linear)"
-    )
-    tr.add_argument("--out", required=True, type=Path, help="output transferred profile JSON")
-    tr.add_argument(
-        "--direct",
-        type=Path,
-        default=None,
-        help="a profile measured directly on the target: report transfer fidelity against it",
-    )
-
-    ac = sub(
-        "account",
-        help="KV-cache, RoPE and attention cost per token of a model or allocation",
-        description="Analytical resource accounting per token and per layer (PROTOCOL.md §R6).",
-    )
-    which = ac.add_mutually_exclusive_group(required=True)
-    which.add_argument(
-        "--config", type=Path, help="the repro fit YAML of the model (a GPT or model.pretrained)"
-    )
-    which.add_argument(
-        "--pretrained",
-        default=None,
-        help="a pretrained or converted model (a folder, .gguf, package or hub id): what a token caches",
-    )
-    ac.add_argument(
-        "--allocation",
-        type=Path,
-        default=None,
-        help="allocation JSON from repro allocate: account each allocation (default: the config's own widths)",
-    )
-    ac.add_argument(
-        "--context",
-        type=PositiveInt,
-        default=None,
-        help="context length T for attention FLOPs (default: the config's block size; --pretrained alone: "
-        "the model's max_position_embeddings)",
-    )
-    ac.add_argument(
-        "--bytes_per_elem", type=PositiveInt, default=2, help="bytes per cached element (default 2, bf16)"
-    )
-    ac.add_argument("--out", type=Path, default=None, help="output JSON (default: print only)")
-
-    an = sub(
-        "analyze",
-        help="stability, phase-off vs benefit, transfer fidelity, calibration",
-        description="The brief analysis of PROTOCOL.md §R5 from saved profiles and results.",
-    )
-    an.add_argument("--benefit", type=Path, help="coverage-benefit profile JSON (stability across seeds)")
-    an.add_argument("--phase_off", type=Path, help="phase-off profile JSON (Spearman against --benefit)")
-    an.add_argument("--transferred", type=Path, help="transferred profile JSON (fidelity against --benefit)")
-    an.add_argument(
-        "--top_k", type=PositiveInt, default=None, help="k for the top-k Jaccard of transfer fidelity"
-    )
-    an.add_argument(
-        "--calibration",
-        type=Path,
-        help="JSON list of {high_layers, realized_gain}: realized loss change of trained allocations",
-    )
-    an.add_argument(
-        "--fidelity",
-        action="store_true",
-        help="with --benefit: the profile read at every evaluation of its runs against its final value",
-    )
-    an.add_argument("--out", required=True, type=Path, help="output JSON")
     _verbose_everywhere(parser)
     return parser
 
