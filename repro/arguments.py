@@ -207,7 +207,7 @@ VERBOSE_ENV = "REPRO_VERBOSE"  # set (to 1) by a command's -v: Lightning's own l
 
 def function_parser(fn: typing.Callable, prog: str, description: str | None = None) -> Parser:
     """The parser of command ``fn``: its parameters (:meth:`Parser.add_function`) and ``-v``."""
-    parser = Parser(prog=prog, description=description or (inspect.getdoc(fn) or "").split("\n\n")[0])
+    parser = Parser(prog=prog, description=description or (inspect.getdoc(fn) or "").split("\nArgs:")[0].strip())
     parser.add_function(fn)
     parser.add_argument("-v", "--verbose", action="store_true", help="show Lightning's own lines too")
     return parser

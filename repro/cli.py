@@ -82,8 +82,11 @@ def run(argv: list[str]) -> int:
         return 2
     target, _, function = COMMANDS[command][0].partition(":")
     module = importlib.import_module(target)
-    if function:
-        return call(getattr(module, function), args[1:], f"repro {command}", module.__doc__)
+    if function:  # a module of several commands: each function's own docstring describes it
+        shared = sum(t.partition(":")[0] == target for t, _ in COMMANDS.values()) > 1
+        return call(
+            getattr(module, function), args[1:], f"repro {command}", None if shared else module.__doc__
+        )
     return module.main(args if target in SHARED_MODULES else args[1:])
 
 

@@ -66,8 +66,10 @@ def allocate(
     low: float | None = None,
     budget: float | None = None,
 ) -> None:
-    """Allocations under a fixed budget. Budget-matched: profiled, transferred, uniform, first-k, last-k,
-    spaced-k, random-k, inverse, phase-off-k. Reference points: all-high, all-low, nope.
+    """High/low RoPE coverage per layer under a fixed budget, by one or more methods.
+
+    Budget-matched: profiled, transferred, uniform, first-k, last-k, spaced-k, random-k, inverse,
+    phase-off-k. Reference points: all-high, all-low, nope.
 
     Args:
         config: the repro fit YAML of the model to allocate
@@ -152,8 +154,10 @@ def transfer(
     method: Literal["linear", "nearest"] = "linear",
     direct: Path | None = None,
 ) -> None:
-    """Normalized-depth transfer: layer j of an L-layer model sits at u=j/(L-1); the target profile is the
-    source profile interpolated at the target's depths.
+    """A profile mapped to a model of another depth by normalized depth.
+
+    Layer j of an L-layer model sits at u=j/(L-1); the target profile is the source profile
+    interpolated at the target's depths.
 
     Args:
         profile: source profile JSON (measured on the smaller model)
@@ -194,7 +198,10 @@ def account(
     bytes_per_elem: PositiveInt = 2,
     out: Path | None = None,
 ) -> None:
-    """Analytical resource accounting per token and per layer (PROTOCOL.md §R6).
+    """KV cache, RoPE and attention cost per token and per layer (PROTOCOL.md §R6).
+
+    Of a model config (its own widths, or each allocation of a repro allocate file) or of a pretrained
+    or converted model.
 
     Args:
         config: the repro fit YAML of the model (a GPT or model.pretrained); or --pretrained
@@ -293,7 +300,10 @@ def analyze(
     calibration: Path | None = None,
     fidelity: bool = False,
 ) -> None:
-    """The brief analysis of PROTOCOL.md §R5 from saved profiles and results.
+    """Stability, calibration and transfer fidelity of saved profiles (PROTOCOL.md §R5).
+
+    What is given is analyzed: the profile's seed stability, its Spearman against a phase-off profile,
+    the fidelity of a transferred profile, the calibration of realized gains.
 
     Args:
         out: output JSON
