@@ -20,7 +20,7 @@ import docstring_parser
 import jsonargparse
 from jsonargparse.typing import restricted_number_type
 
-from repro.argument_errors import PARSER_KEY, RANGE, must_be, option_line
+from repro.argument_errors import PARSER_KEY, RANGE, RULE, must_be, option_line
 
 PositiveInt = jsonargparse.typing.PositiveInt  # an int > 0
 NonNegativeInt = jsonargparse.typing.NonNegativeInt  # an int >= 0
@@ -207,7 +207,9 @@ VERBOSE_ENV = "REPRO_VERBOSE"  # set (to 1) by a command's -v: Lightning's own l
 
 def function_parser(fn: typing.Callable, prog: str, description: str | None = None) -> Parser:
     """The parser of command ``fn``: its parameters (:meth:`Parser.add_function`) and ``-v``."""
-    parser = Parser(prog=prog, description=description or (inspect.getdoc(fn) or "").split("\nArgs:")[0].strip())
+    parser = Parser(
+        prog=prog, description=description or (inspect.getdoc(fn) or "").split("\nArgs:")[0].strip()
+    )
     parser.add_function(fn)
     parser.add_argument("-v", "--verbose", action="store_true", help="show Lightning's own lines too")
     return parser
@@ -298,13 +300,13 @@ def check_fields(obj: Any, prefix: str, skip: tuple[str, ...] = ()) -> None:
             if typing.get_origin(h) is Literal
             for a in typing.get_args(h)
         ]
-        rule = RANGE.search(text)
+        rule = RANGE.search(text) or RULE.search(text)  # RULE: a range type within an Optional
         if isinstance(values[name], tuple):
             values[name] = list(values[name])  # as a settings file writes it
         if allowed:
             reason = f"allowed values are {tuple(allowed)}"
         elif rule:
-            reason = must_be(rule.group(2))
+            reason = must_be(rule.group(rule.re.groups))
         else:
             reason = f"must be of type {getattr(hint, '__name__', None) or str(hint).replace('typing.', '')}"
         raise ValueError(f"{prefix}{name}={values[name]!r}: {reason}") from None

@@ -361,3 +361,11 @@ def test_bad_strategy_options_fail_before_any_process_starts(kwargs, fragment):
     with pytest.raises(ValueError) as info:
         PipelineOptions(**kwargs)
     assert fragment in str(info.value)
+
+
+def test_1f1b_keeps_one_more_micro_batch_in_flight_unless_told():
+    """extra_warmup unset: 1 under 1f1b (the links bench: a message hidden on a slow link, the same
+    gradients), 0 under gpipe, which already runs every forward first; a given value is kept."""
+    assert PipelineOptions(schedule="1f1b").extra_warmup == 1
+    assert PipelineOptions(schedule="gpipe").extra_warmup == 0
+    assert PipelineOptions(schedule="1f1b", extra_warmup=0).extra_warmup == 0

@@ -42,8 +42,8 @@ class PipelineOptions:
     """M micro-batches per batch (the batch size must divide by M)"""
     schedule: Schedule = "gpipe"
     """'gpipe' (all forwards, then all backwards) or '1f1b'"""
-    extra_warmup: NonNegativeInt = 0
-    """1f1b: forwards each stage runs ahead of 1F1B's K - 1 - k (slow links; memory)"""
+    extra_warmup: NonNegativeInt | None = None
+    """1f1b: forwards each stage runs ahead of 1F1B's K - 1 - k; None = 1 (0 with gpipe)"""
     placement: Placement = "auto"
     """'linear', 'v' (a token embedding on the last stage) or 'auto' (v when it sends fewer bytes)"""
     method: Method = "none"
@@ -97,6 +97,8 @@ class PipelineOptions:
         check_fields(self, "strategy ")  # each option's type and range
         if self.layers_per_stage is not None:
             self.layers_per_stage = list(self.layers_per_stage)
+        if self.extra_warmup is None:  # one more in flight hides a message on a slow link (docs/strategy.md)
+            self.extra_warmup = 1 if self.schedule == "1f1b" else 0
         if self.extra_warmup and self.schedule != "1f1b":
             raise ValueError(
                 f"strategy extra_warmup={self.extra_warmup}: applies to schedule='1f1b' (gpipe already runs every "

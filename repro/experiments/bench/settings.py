@@ -64,8 +64,8 @@ class NetworkRun:
     """link section: M; None = link_micro_batches"""
     engine: Literal[ENGINES] = "ours"
     """link section: ours (the clapping strategy) | torch (torch.distributed.pipelining)"""
-    extra_warmup: NonNegativeInt = 0
-    """link section, 1f1b: forwards a stage runs ahead of 1F1B's (the strategy's)"""
+    extra_warmup: NonNegativeInt | None = None
+    """link section, 1f1b: forwards a stage runs ahead of 1F1B's; None = the strategy's default (1)"""
     placement: Placement = "linear"
     """link section: the strategy's placement ('v': the embedding on the last stage; 'auto': the
     strategy's default, its choice recorded in the row); linear unless named"""
@@ -92,7 +92,7 @@ class NetworkRun:
         if self.schedule is not None or self.micro_batches is not None:
             out += f" [{self.schedule or ''}{' ' if self.schedule and self.micro_batches else ''}"
             out += f"{f'M={self.micro_batches}' if self.micro_batches else ''}]"
-        if self.extra_warmup:
+        if self.extra_warmup is not None:
             out += f" [extra_warmup={self.extra_warmup}]"
         return out
 

@@ -87,7 +87,7 @@ class ClappingStrategy(PipelineCheckpoints, PipelineEvaluation, StageProcesses):
         layers_per_stage: Sequence[opt.PositiveInt] | None = _D.layers_per_stage,
         micro_batches: opt.PositiveInt = _D.micro_batches,
         schedule: opt.Schedule = _D.schedule,
-        extra_warmup: opt.NonNegativeInt = _D.extra_warmup,
+        extra_warmup: opt.NonNegativeInt | None = _D.extra_warmup,
         placement: opt.Placement = _D.placement,
         method: opt.Method = _D.method,
         fwd_compressor: str = _D.fwd_compressor,
