@@ -548,7 +548,7 @@ def test_the_clapping_link_column_times_a_pretrained_model_at_its_own_shape(
     import yaml
 
     from repro.experiments.bench.settings import NetworkRun
-    from repro.experiments.clapping.link_times import bench_settings, run_label
+    from repro.experiments.clapping.link_times import bench_settings, row_label, run_label
     from repro.experiments.clapping.plan import plan_rows
     from repro.experiments.clapping.settings import load_clapping_settings, settings_path
 
@@ -561,5 +561,5 @@ def test_the_clapping_link_column_times_a_pretrained_model_at_its_own_shape(
     assert (bench["n_layer"], bench["n_embd"], bench["n_head"], bench["vocab_size"]) == (4, 32, 4, VOCAB)
     runs = [NetworkRun(**r) for r in bench["link_runs"]]
     assert {r.untied for r in runs} == {untied}
-    labels = {r.label.replace(", untied", "") for r in runs}  # how measure_link_times reads them back
+    labels = {row_label(r.label, settings) for r in runs}  # how measure_link_times reads them back
     assert labels == {run_label(row) for row in plan_rows(settings)}

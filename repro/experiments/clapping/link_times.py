@@ -39,6 +39,12 @@ def run_label(row: ClappingRow) -> str:
     return f"{row.method} {comp}" + (f" p={row.p:g}" if row.p != 1.0 else "") + tied
 
 
+def row_label(bench_label: str, settings: ClappingSettings) -> str:
+    """A bench run's label as its table row's (:func:`run_label`): the head untied and the placement
+    are the whole grid's, not a row's."""
+    return bench_label.replace(f", placement {settings.placement}", "").replace(", untied", "")
+
+
 def link_shape(config: ModelConfig) -> tuple[dict[str, int], bool]:
     """The bench GPT's layers, width, heads and vocabulary, and whether its head is untied: the model
     config's GPT, or a pretrained model's own (timed as a GPT of that shape: the same messages between
@@ -146,9 +152,7 @@ def measure_link_times(
     for r in bench["rows"]:
         if r["section"] != "link":
             continue
-        label = r["name"].split(" @ ")[0].replace(", untied", "")  # the rows' model is untied as a whole
-        label = label.replace(f", placement {settings.placement}", "")  # and every row has its placement
-        times[label] = {
+        times[row_label(r["name"].split(" @ ")[0], settings)] = {
             "step_s": r["median"],
             "speedup": r["ratio"] if r["reference"] else 1.0,
             "speedup_bound": r["speedup_bound_amdahl"],
