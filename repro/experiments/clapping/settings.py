@@ -25,6 +25,7 @@ from jsonargparse.typing import restricted_number_type
 from repro.arguments import NonNegativeInt, PositiveFloat, PositiveInt, Probability, check_fields
 from repro.experiments.kit.settings import ConfigPath, load_settings, shipped_settings
 from repro.pipeline.compressors import build_compressor
+from repro.pipeline.options import Placement
 
 SCALES = ("smoke", "cpu", "real", "paper")
 REGIMES = ("finetune", "from_scratch")
@@ -114,7 +115,7 @@ class ClappingSettings:
     """M micro-batches per batch"""
     schedule: Literal["gpipe", "1f1b"] = "gpipe"
     """micro-batch schedule"""
-    placement: Literal["linear", "v", "auto"] = "linear"
+    placement: Placement = "linear"
     """where the model's first part runs, the same for every row (auto: v for a tied head that outweighs)"""
     lazy_p: Probability = 0.5
     """p of the none_lazy ablation"""

@@ -55,7 +55,7 @@ def main(argv: list[str]) -> int:
 def allocate(
     config: Path,
     out: Path,
-    method: list[str] = ["all"],  # noqa: B006 (read, never changed)
+    method: tuple[str, ...] = ("all",),
     benefit: Path | None = None,
     transferred: Path | None = None,
     phase_off: Path | None = None,
