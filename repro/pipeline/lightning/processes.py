@@ -8,6 +8,7 @@ import atexit
 import contextlib
 import os
 import sys
+import weakref
 from datetime import timedelta
 from typing import Any
 
@@ -114,7 +115,8 @@ class StageProcesses(ParallelStrategy):
         try:
             if not dist.is_initialized():
                 compat.init_process_group(self.cluster_environment, backend, **kwargs)
-                atexit.register(_destroy_process_groups)
+                atexit.register(_release_process_groups)
+            _HOLDERS.add(self)
             # one group per direction (ordering on NCCL), and a gloo group for Python objects; with
             # placement 'v' the wrap-around boundary (last stage -> stage 0) has its own two: gloo
             # carries one message at a time per connection, so at K = 2 the two directions of a
@@ -131,6 +133,11 @@ class StageProcesses(ParallelStrategy):
                     self._groups[name] = dist.new_group(backend=backend, timeout=timeout)
         except (RuntimeError, TimeoutError) as exc:  # gloo's and the store's errors are many lines
             raise rendezvous_failed(exc, self.global_rank) from None
+
+    def release_groups(self) -> None:
+        """Drop this strategy's references to its process groups (at the rank's exit, after
+        ``destroy_process_group``): the last reference gone, a group's threads are joined."""
+        self._groups.clear()  # in place: the stage links hold the same dict
 
     def teardown(self) -> None:
         module = self.lightning_module
@@ -180,10 +187,18 @@ class StageProcesses(ParallelStrategy):
             )
 
 
-def _destroy_process_groups() -> None:
-    """At the rank's exit, after every collective: the groups' gloo threads are joined here, not
-    torn down by the interpreter's finalization (a spawned rank then aborted, 'terminate called
-    without an active exception', after a run that had succeeded)."""
+_HOLDERS: weakref.WeakSet[StageProcesses] = weakref.WeakSet()  # the strategies that made groups here
+
+
+def _release_process_groups() -> None:
+    """At the rank's exit, after every collective, while the interpreter is whole: destroy the
+    process groups and drop every strategy's references to them, so that their gloo threads are
+    joined here. ``destroy_process_group`` alone leaves a gloo group alive (its shutdown does
+    nothing) while a strategy holds it; its threads then outlived the interpreter's finalization,
+    and one that let go of a finished collective's tensors then aborted the rank now and then
+    ('terminate called without an active exception', SIGABRT, after a run that had succeeded)."""
     if dist.is_initialized():
         with contextlib.suppress(Exception):  # exiting anyway: nothing left to run on the groups
             dist.destroy_process_group()
+    for strategy in list(_HOLDERS):
+        strategy.release_groups()

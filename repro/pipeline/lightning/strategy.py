@@ -389,6 +389,11 @@ class ClappingStrategy(PipelineCheckpoints, PipelineEvaluation, StageProcesses):
         """{'b<boundary>_<direction>_<role>': sha256 of the buffers} of this rank's channel ends."""
         return {f"b{c.boundary}_{d}_{r}": c.digest() for (d, r), c in self.state.codecs.items()}
 
+    def release_groups(self) -> None:
+        super().release_groups()
+        if self.tied is not None:
+            self.tied.groups.clear()
+
     def teardown(self) -> None:
         STOP.restore()
         for codec in self.state.codecs.values():
