@@ -187,6 +187,9 @@ class Parser(jsonargparse.ArgumentParser):
                 continue
             shims.add(name)
         self.add_function_arguments(fn, skip=shims)
+        for action in self._actions:  # a help that lives on a settings field (documented_by)
+            if action.dest in docs and not action.help and action.dest not in shims:
+                action.help = docs[action.dest]
 
     def subcommands(self, dest: str) -> Any:
         """jsonargparse's subcommands, each a :class:`Parser` (``add(name, help=...)`` makes one)."""
@@ -233,10 +236,26 @@ def call(fn: typing.Callable, argv: list[str], prog: str, description: str | Non
     return status if isinstance(status, int) else 0
 
 
+def documented_by(*classes: type) -> typing.Callable:
+    """Mark a command function whose parameters fill fields of the dataclasses ``classes``: a
+    parameter its ``Args:`` leaves out takes the attribute docstring of the field of its name."""
+
+    def mark(fn: typing.Callable) -> typing.Callable:
+        fn.__documented_by__ = classes  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
 def param_docs(fn: typing.Callable) -> dict[str, str]:
-    """``{parameter: its help}`` from the ``Args:`` section of ``fn``'s docstring."""
+    """``{parameter: its help}`` from the ``Args:`` section of ``fn``'s docstring (and from the
+    fields of the classes it is :func:`documented_by`)."""
+    docs = {}
+    for cls in getattr(fn, "__documented_by__", ()):
+        docs.update(field_docs(cls))
     parsed = docstring_parser.parse(inspect.getdoc(fn) or "")
-    return {p.arg_name: " ".join((p.description or "").split()) for p in parsed.params}
+    docs.update({p.arg_name: " ".join((p.description or "").split()) for p in parsed.params})
+    return {name: doc for name, doc in docs.items() if name in inspect.signature(fn).parameters}
 
 
 def flat(namespace: jsonargparse.Namespace, *dests: str) -> argparse.Namespace:

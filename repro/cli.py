@@ -13,8 +13,9 @@ import sys
 from repro.arguments import call
 
 # command -> (what runs it, what it does): "module:function", a typed function whose parameters are
-# the command's options (repro.arguments.call; the module's docstring is its --help), or a module whose
-# main(argv) runs it (those of SHARED_MODULES take the command name as argv[0]: they serve several)
+# the command's options (repro.arguments.call; the module's docstring is its --help); "module:f g h",
+# subcommands, each a typed function (`repro data prepare` runs prepare; "-" for "_" in a name); or a
+# module whose main(argv) runs it (those of SHARED_MODULES take the command name as argv[0])
 COMMANDS = {
     "fit": ("repro.fit_command", "train a GPT from a model config (LightningCLI)"),
     "validate": ("repro.fit_command", "validation loss and perplexity of a checkpoint"),
@@ -25,7 +26,7 @@ COMMANDS = {
         "repro.experiments.rope_tools.convert_command:convert_mla",
         "a pretrained Llama/Mistral/Qwen2 converted to latent attention, widths per layer",
     ),
-    "data": ("repro.data.commands", "prepare a corpus into token shards; info, verify"),
+    "data": ("repro.data.commands:prepare info verify", "prepare a corpus into token shards; info, verify"),
     "profile": (
         "repro.experiments.rope_tools.commands",
         "per-layer profiles: coverage, phase-off, interactions",
@@ -82,12 +83,31 @@ def run(argv: list[str]) -> int:
         return 2
     target, _, function = COMMANDS[command][0].partition(":")
     module = importlib.import_module(target)
+    if " " in function:
+        return run_subcommand(module, function.split(), command, args[1:])
     if function:  # a module of several commands: each function's own docstring describes it
         shared = sum(t.partition(":")[0] == target for t, _ in COMMANDS.values()) > 1
         return call(
             getattr(module, function), args[1:], f"repro {command}", None if shared else module.__doc__
         )
     return module.main(args if target in SHARED_MODULES else args[1:])
+
+
+def run_subcommand(module, functions: list[str], command: str, args: list[str]) -> int:
+    """``repro COMMAND SUB ARGS``: the typed function ``SUB`` of ``module`` on ``ARGS``."""
+    names = {f.replace("_", "-"): f for f in functions}
+    prog, choices = f"repro {command}", ", ".join(names)
+    if args and args[0] in names:
+        return call(getattr(module, names[args[0]]), args[1:], f"{prog} {args[0]}")
+    if args and args[0] in ("-h", "--help"):
+        width = max(map(len, names))
+        print(f"usage: {prog} {{{','.join(names)}}} ...\n\n{(module.__doc__ or '').splitlines()[0]}\n")
+        for name, f in names.items():
+            print(f"  {name:<{width}}  {(getattr(module, f).__doc__ or '').splitlines()[0]}")
+        return 0
+    given = f"unknown {args[0]!r}: " if args else ""
+    print(f"{prog}: error: {given}give one of: {choices} (see {prog} --help)", file=sys.stderr)
+    return 2
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,4 +1,4 @@
-"""``repro data prepare|info|verify``: make a prepared corpus, say what one holds, check its checksums.
+"""Prepared corpora: token shards, a tokenizer and a manifest (``repro data prepare|info|verify``).
 
     repro data prepare shakespeare --out data/plays --tokenizer bpe --vocab_size 8192
     repro data prepare 'corpus/*.jsonl.gz' --out data/mine --tokenizer path/to/model   # a model's tokenizer
@@ -6,112 +6,99 @@
         --val_fraction 0.0005 --workers 16                                              # needs the network
     repro data info data/plays
     repro data verify data/plays
+
+Each is a typed function (``repro.arguments.call``); a parameter that fills a field of
+``PrepareSettings`` or ``Source`` takes that field's default and its documentation.
 """
 
 from __future__ import annotations
 
-import sys
+from typing import Literal
 
-from repro.arguments import Parser, PositiveFloat, flat
+from repro.arguments import BelowOne, NonNegativeInt, PositiveFloat, PositiveInt, documented_by
 
+from .prepare import DTYPES, PrepareSettings
+from .prepare import prepare as prepare_corpus
 from .prepared import MANIFEST, PreparedCorpus
-from .shards import ShardError
-from .sources import Source
-from .writing import PrepareConflict
+from .sources import FORMATS, Source
 
-USAGE_ERRORS = (ValueError, FileNotFoundError, ConnectionError, PrepareConflict, ShardError)
+_S, _P = Source, PrepareSettings  # the defaults below are theirs
 
 
-def _source_splits(text: str | dict[str, str]) -> dict[str, str]:
-    if isinstance(text, dict):  # jsonargparse checks a parsed value again
-        return text
+@documented_by(PrepareSettings, Source)
+def prepare(
+    source: list[str],
+    /,
+    out: str,
+    format: Literal[FORMATS] = _S.format,
+    text_column: str = _S.text_column,
+    name_column: str | None = _S.name_column,
+    hub_config: str | None = _S.hub_config,
+    hub_split: str = _S.hub_split,
+    source_splits: str = "",
+    tokenizer: str = _P.tokenizer,
+    vocab_size: PositiveInt = _P.vocab_size,
+    tokenizer_sample_mb: PositiveFloat = _P.tokenizer_sample_bytes / 1e6,
+    eos_token: str | None = _P.eos_token,
+    val_fraction: BelowOne = _P.val_fraction,
+    test_fraction: BelowOne = _P.test_fraction,
+    split_seed: NonNegativeInt = _P.split_seed,
+    max_documents: PositiveInt | None = _P.max_documents,
+    shard_tokens: PositiveInt = _P.shard_tokens,
+    workers: PositiveInt = _P.workers,
+    dtype: Literal[DTYPES] = _P.token_dtype,
+    progress: bool = _P.progress,
+    val_documents: tuple[str, ...] = _P.val_documents,
+    test_documents: tuple[str, ...] = _P.test_documents,
+) -> None:
+    """A source -> train / validation / test token shards, a tokenizer and a manifest.
+
+    Args:
+        source: 'shakespeare', files / globs / a folder, or a hub dataset id
+        source_splits: take the source's own splits: e.g. train=train,validation=validation,test=test
+        tokenizer_sample_mb: a trained tokenizer learns from this much text
+        dtype: auto (by vocabulary size), uint16 or uint32
+        val_documents: file sources: the documents held out
+        test_documents: file sources: held-out ones that test
+    """
+    settings = PrepareSettings(
+        source=Source(tuple(source), format, text_column, name_column, hub_config, hub_split),
+        out=out, tokenizer=tokenizer, vocab_size=vocab_size, tokenizer_sample_bytes=int(tokenizer_sample_mb * 1e6),
+        eos_token=eos_token, val_fraction=val_fraction, test_fraction=test_fraction, split_seed=split_seed,
+        val_documents=tuple(val_documents), test_documents=tuple(test_documents),
+        source_splits=_source_splits(source_splits), max_documents=max_documents, shard_tokens=shard_tokens,
+        token_dtype=dtype, workers=workers, progress=progress,
+    )  # fmt: skip
+    prepare_corpus(settings)
+    print(summary(PreparedCorpus(out, "header", what="--out")))
+
+
+def info(folder: str, /) -> None:
+    """What a prepared folder holds.
+
+    Args:
+        folder: a folder made by repro data prepare
+    """
+    print(summary(PreparedCorpus(folder, "header", what="folder")))
+
+
+def verify(folder: str, /) -> None:
+    """Check every shard's checksum.
+
+    Args:
+        folder: a folder made by repro data prepare
+    """
+    print(summary(PreparedCorpus(folder, "full", what="folder")))
+    print(f"every shard matches its checksum in {MANIFEST}")
+
+
+def _source_splits(text: str) -> dict[str, str]:
+    """``train=train,validation=valid`` -> ``{'train': 'train', 'validation': 'valid'}``."""
     out = {}
     for part in filter(None, text.split(",")):
         ours, _, theirs = part.partition("=")
         out[ours.strip()] = (theirs or ours).strip()
     return out
-
-
-def parser() -> Parser:
-    from .prepare import PrepareSettings  # the options are its fields and Source's (help, types, defaults)
-
-    p = Parser(prog="repro data", description="Prepared corpora: token shards, a tokenizer and a manifest.")
-    sub = p.subcommands("action")
-    prep = sub("prepare", help="a source -> train / validation / test token shards")
-    prep.add_argument(
-        "source", nargs="+", help="'shakespeare', files / globs / a folder, or a hub dataset id"
-    )
-    prep.add_fields(PrepareSettings, "out")
-    prep.add_fields(Source, "format", "text_column", "name_column", "hub_config", "hub_split")
-    prep.add_argument(
-        "--source_splits",
-        type=_source_splits,
-        default="",
-        help="take the source's own splits: e.g. train=train,validation=validation,test=test",
-    )
-    prep.add_fields(PrepareSettings, "tokenizer", "vocab_size")
-    prep.add_argument(
-        "--tokenizer_sample_mb",
-        type=PositiveFloat,
-        default=200.0,
-        help="a trained tokenizer learns from this much text",
-    )
-    prep.add_fields(
-        PrepareSettings, "eos_token", "val_fraction", "test_fraction", "split_seed", "max_documents", "shard_tokens",
-        "workers", dtype="token_dtype", no_progress="progress",
-    )  # fmt: skip
-    prep.add_argument("--val_documents", nargs="*", default=[], help="file sources: the documents held out")
-    prep.add_argument("--test_documents", nargs="*", default=[], help="file sources: held-out ones that test")
-    for name, what in (("info", "what a prepared folder holds"), ("verify", "check every shard's checksum")):
-        action = sub(name, help=what)
-        action.add_argument("folder", help="a folder made by repro data prepare")
-    for action in p.subparsers.values():  # as on every command (nothing here is Lightning's to show)
-        action.add_argument("-v", "--verbose", action="store_true", help="show Lightning's own lines too")
-    return p
-
-
-def main(argv: list[str]) -> int:
-    args = flat(parser().parse_args(argv), "action")
-    try:
-        if args.action == "prepare":
-            return _prepare(args)
-        corpus = PreparedCorpus(args.folder, "full" if args.action == "verify" else "header", what="folder")
-    except USAGE_ERRORS as exc:
-        print(f"repro data {args.action}: error: {exc}", file=sys.stderr)
-        return 2
-    print(summary(corpus))
-    if args.action == "verify":
-        print(f"every shard matches its checksum in {MANIFEST}")
-    return 0
-
-
-def _prepare(args) -> int:
-    from .prepare import PrepareSettings, prepare
-
-    try:
-        fields = ("out", "tokenizer", "vocab_size", "eos_token", "val_fraction", "test_fraction", "split_seed",
-                  "source_splits", "max_documents", "shard_tokens", "token_dtype", "workers", "progress")  # fmt: skip
-        settings = PrepareSettings(
-            source=Source(
-                tuple(args.source),
-                args.format,
-                args.text_column,
-                args.name_column,
-                args.hub_config,
-                args.hub_split,
-            ),
-            tokenizer_sample_bytes=int(args.tokenizer_sample_mb * 1e6),
-            val_documents=tuple(args.val_documents),
-            test_documents=tuple(args.test_documents),
-            **{name: getattr(args, name) for name in fields},
-        )
-        prepare(settings)
-        corpus = PreparedCorpus(args.out, "header", what="--out")
-    except USAGE_ERRORS as exc:
-        print(f"repro data prepare: error: {exc}", file=sys.stderr)
-        return 2
-    print(summary(corpus))
-    return 0
 
 
 def summary(corpus: PreparedCorpus) -> str:
