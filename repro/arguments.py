@@ -13,6 +13,7 @@ import inspect
 import os
 import re
 import sys
+import types
 import typing
 from typing import Any, Literal, NoReturn
 
@@ -66,17 +67,12 @@ class Parser(jsonargparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
-        self.subparsers: dict[str, Parser] = {}  # name -> the parser of that subcommand
 
     def add_argument(self, *names: str, **kwargs: Any) -> argparse.Action:  # type: ignore[override]
         return super().add_argument(*map(spelled, names), **kwargs)
 
-    def _options(self) -> set[str]:
-        """Every option string of this parser and of its subcommands' parsers."""
-        return set(self._option_string_actions).union(*(p._options() for p in self.subparsers.values()))
-
     def _refuse_old_spellings(self, argv: list[str]) -> None:
-        known = self._options()
+        known = set(self._option_string_actions)
         for arg in argv:
             if arg == "--":
                 return
@@ -84,32 +80,18 @@ class Parser(jsonargparse.ArgumentParser):
             if name.startswith("--") and "-" in name[2:] and name not in known and spelled(name) in known:
                 self.error(f"{name}: spelled {spelled(name)} now (as repro fit spells its options)")
 
-    def _locate(self, key: str) -> tuple[Parser, str]:
-        """The subcommand parser a dotted key (``profile.nope.layers``) points into, and its rest."""
-        parser, parts = self, key.split(".")
-        while len(parts) > 1 and parts[0] in parser.subparsers:
-            parser = parser.subparsers[parts.pop(0)]
-        return parser, ".".join(parts)
-
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
-        parser = getattr(ex, "subcommand_parser", None) or self
         required = re.match(r"the following arguments are required: (.*)$", str(message))
-        if required:  # name the options as typed, in the subcommand that lacks them
+        if required:  # name the options as typed
             names = []
-            for key in (k.strip() for k in required.group(1).split(",")):
-                parser, dest = self._locate(key)
-                action = next((a for a in parser._actions if a.dest == dest), None)
+            for dest in (k.strip() for k in required.group(1).split(",")):
+                action = next((a for a in self._actions if a.dest == dest), None)
                 names.append(action.option_strings[-1] if action and action.option_strings else dest)
             message = f"the following arguments are required: {', '.join(names)}"
-        missing = re.match(r'expected "(.+)" to be one of \{(.*)\}, but it was not provided', str(message))
-        if missing:  # a subcommand not given
-            parser = self._locate(missing.group(1))[0]
-            names = list(parser.subparsers) or missing.group(2).split(",")  # jsonargparse's ends in "..."
-            message = f"give one of: {', '.join(name.strip() for name in names)}"
-        prog = parser.prog.replace(" [options]", "")
+        prog = self.prog.replace(" [options]", "")
         invalid = re.match(r"argument (\S+): invalid \w+ value: '(.*)'$", str(message))
-        action = invalid and parser._option_string_actions.get(invalid.group(1).split("/")[-1])
-        if action and callable(action.type):  # argparse's own type call (in a mutually exclusive group)
+        action = invalid and self._option_string_actions.get(invalid.group(1).split("/")[-1])
+        if action and callable(action.type):  # argparse's own type call, worded as jsonargparse's
             try:
                 action.type(invalid.group(2))
             except (TypeError, ValueError) as exc:
@@ -169,9 +151,12 @@ class Parser(jsonargparse.ArgumentParser):
         shims = set()  # the parameters added here; jsonargparse adds the rest
         for name, param in inspect.signature(fn).parameters.items():
             hint, default, doc = hints[name], param.default, docs.get(name)
-            listed = typing.get_origin(hint) in (list, tuple)
-            kind = {"type": typing.get_args(hint)[0], "nargs": "+"} if listed else {"type": hint}
-            if hint is bool:
+            items = _optional_of(hint) if default is None else hint  # a list that may be None
+            listed = typing.get_origin(items) in (list, tuple)
+            kind = {"type": typing.get_args(items)[0], "nargs": "+"} if listed else {"type": hint}
+            if dataclasses.is_dataclass(hint):  # a group of options: each field's own, flat
+                self.add_fields(hint, *(f.name for f in dataclasses.fields(hint) if f.init))
+            elif hint is bool:
                 off = default is True
                 self.add_argument(f"--no_{name}" if off else f"--{name}", dest=name,
                                   action="store_false" if off else "store_true",
@@ -190,18 +175,6 @@ class Parser(jsonargparse.ArgumentParser):
         for action in self._actions:  # a help that lives on a settings field (documented_by)
             if action.dest in docs and not action.help and action.dest not in shims:
                 action.help = docs[action.dest]
-
-    def subcommands(self, dest: str) -> Any:
-        """jsonargparse's subcommands, each a :class:`Parser` (``add(name, help=...)`` makes one)."""
-        group = self.add_subcommands(dest=dest, required=True)
-
-        def add(name: str, **kwargs: Any) -> Parser:
-            sub = Parser(prog=f"{self.prog} {name}", description=kwargs.get("description"))
-            group.add_subcommand(name, sub, help=kwargs.get("help"))
-            self.subparsers[name] = sub
-            return sub
-
-        return add
 
 
 USAGE_ERRORS = (ValueError, FileNotFoundError, ConnectionError)  # a command's wrong input: one line, exit 2
@@ -226,8 +199,12 @@ def call(fn: typing.Callable, argv: list[str], prog: str, description: str | Non
     args = function_parser(fn, prog, description).parse_args(argv)
     if args.pop("verbose"):
         os.environ[VERBOSE_ENV] = "1"
-    positional = [n for n, p in inspect.signature(fn).parameters.items() if p.kind is p.POSITIONAL_ONLY]
+    parameters = inspect.signature(fn).parameters
+    positional = [n for n, p in parameters.items() if p.kind is p.POSITIONAL_ONLY]
     try:
+        for name, hint in typing.get_type_hints(fn).items():
+            if name in parameters and dataclasses.is_dataclass(hint):  # its fields were options of their own
+                args[name] = hint(**{f.name: args.pop(f.name) for f in dataclasses.fields(hint) if f.init})
         values = [args.pop(n) for n in positional]
         status = fn(*values, **vars(args))
     except USAGE_ERRORS as exc:
@@ -247,6 +224,12 @@ def documented_by(*classes: type) -> typing.Callable:
     return mark
 
 
+def _optional_of(hint: Any) -> Any:
+    """``X`` of ``X | None`` (else ``hint``)."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1 else hint
+
+
 def param_docs(fn: typing.Callable) -> dict[str, str]:
     """``{parameter: its help}`` from the ``Args:`` section of ``fn``'s docstring (and from the
     fields of the classes it is :func:`documented_by`)."""
@@ -256,19 +239,6 @@ def param_docs(fn: typing.Callable) -> dict[str, str]:
     parsed = docstring_parser.parse(inspect.getdoc(fn) or "")
     docs.update({p.arg_name: " ".join((p.description or "").split()) for p in parsed.params})
     return {name: doc for name, doc in docs.items() if name in inspect.signature(fn).parameters}
-
-
-def flat(namespace: jsonargparse.Namespace, *dests: str) -> argparse.Namespace:
-    """The options of the chosen subcommands (each ``dest`` naming the choice one level down) beside
-    the top level's, in one plain namespace: ``args.out``, not ``args.profile["phase-off"].out``."""
-    node = namespace
-    values = {k: v for k, v in vars(node).items() if not isinstance(v, jsonargparse.Namespace)}
-    for dest in dests:
-        if dest not in node:  # a subcommand without subcommands of its own
-            break
-        node = node[node[dest]]
-        values.update({k: v for k, v in vars(node).items() if not isinstance(v, jsonargparse.Namespace)})
-    return argparse.Namespace(**values)
 
 
 @functools.cache

@@ -28,7 +28,8 @@ COMMANDS = {
     ),
     "data": ("repro.data.commands:prepare info verify", "prepare a corpus into token shards; info, verify"),
     "profile": (
-        "repro.experiments.rope_tools.commands",
+        "repro.experiments.rope_tools.profile_subcommands:"
+        "phase_off nope allocations pair_order coverage fidelity interactions",
         "per-layer profiles: coverage, phase-off, interactions",
     ),
     "allocate": (
@@ -59,7 +60,7 @@ COMMANDS = {
         "make gpu-check: the one GPU acceptance run (a table)",
     ),
 }
-SHARED_MODULES = ("repro.fit_command", "repro.experiments.rope_tools.commands")
+SHARED_MODULES = ("repro.fit_command",)
 
 
 def usage() -> str:

@@ -238,7 +238,7 @@ def test_gpu_check_records_a_failing_part_and_runs_the_next(capsys, tmp_path, mo
         (["profile"], "repro profile: error: give one of: phase-off, nope, allocations, pair-order, coverage, "
          "fidelity, interactions (see repro profile --help)"),
         (["profile", "nope", "--config", "c"], "repro profile nope: error: the following arguments are required: "
-         "--profile, --layers, --out"),
+         "--layers, --profile, --out"),
         (["transfer", "--profile", "p", "--target_layers", "x", "--out", "o"], "--target_layers x: not a PositiveInt"),
         # the old spelling, with dashes, named with its new one (in a subcommand's options too)
         (["table1", "--float-spread"], "repro table1: error: --float-spread: spelled --float_spread now"),
@@ -270,16 +270,18 @@ def test_the_rope_tools_take_verbose_after_the_command(argv):
     """``-v`` sits on every command as typed (it sat on a parser no command reached)."""
     import importlib
 
-    from repro.arguments import flat, function_parser
+    from repro.arguments import function_parser
     from repro.cli import COMMANDS
-    from repro.experiments.rope_tools.command_arguments import build_parser
 
-    target, _, function = COMMANDS[argv[0]][0].partition(":")
-    if function:  # a typed function: the parser repro.arguments.call builds for it
-        fn = getattr(importlib.import_module(target), function)
-        assert function_parser(fn, f"repro {argv[0]}").parse_args(argv[1:]).verbose is True
+    target, _, functions = COMMANDS[argv[0]][0].partition(":")
+    module, names = importlib.import_module(target), functions.split()
+    if len(names) > 1:  # subcommands: the function the second word names
+        fn, argv = getattr(module, argv[1].replace("-", "_")), argv[1:]
     else:
-        assert flat(build_parser().parse_args(argv), "command", "profile_kind").verbose is True
+        (fn,) = (getattr(module, name) for name in names)
+    assert (
+        function_parser(fn, f"repro {argv[0]}").parse_args(argv[1:]).verbose is True
+    )  # the parser call() builds
 
 
 @pytest.mark.parametrize(

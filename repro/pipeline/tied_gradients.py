@@ -35,13 +35,16 @@ class TiedGradients:
         backend: The process groups' backend (every rank builds them, in the same order).
         compressor: How a stage's gradient is sent (``identity``: exactly).
         seed: Base seed of a compressor's shared randomness (per step and parameter).
+        groups: The dict its process groups are added to, under (stages, sending stage): the
+            strategy's own, so that one release at exit drops them all.
     """
 
     def __init__(
-        self, local: LocalModel, rank: int, backend: str | None, compressor: Compressor, seed: int = 0
-    ) -> None:
+        self, local: LocalModel, rank: int, backend: str | None, compressor: Compressor, seed: int = 0,
+        groups: dict | None = None,
+    ) -> None:  # fmt: skip
         self.local, self.rank, self.compressor, self.seed = local, rank, compressor, seed
-        self.groups: dict[tuple[tuple[int, ...], int], Any] = {}  # (stages, sending stage) -> group
+        self.groups: dict[Any, Any] = {} if groups is None else groups  # (stages, sending stage) -> group
         for stages in local.tied_groups:  # every rank creates every group, in the same order
             for sender in stages:
                 self.groups[stages, sender] = dist.new_group(ranks=list(stages), backend=backend)

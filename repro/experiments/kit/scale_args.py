@@ -7,11 +7,28 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from repro.arguments import PositiveFloat, PositiveInt
 
 DEFAULT_SCALE = "cpu"  # the scale an experiment runs without --scale or --settings
+
+
+@dataclass(frozen=True)
+class ScaleOptions:
+    """Running at scale: a command's parameter of this type has these options (``--shard``, ...)."""
+
+    runs_per_gpu: PositiveInt | None = None
+    """GPU: runs sharing each GPU (small models leave a GPU idle); every visible GPU is used"""
+    shard: str | None = None
+    """I/N: train shard I of N (0-based) into the shared output folder; default from SLURM_ARRAY_TASK_ID
+    and SLURM_ARRAY_TASK_COUNT when set. The last shard to finish writes the result"""
+    plan: bool = False
+    """print the runs, steps, tokens and GPU-hours without training"""
+    step_time: PositiveFloat | None = None
+    """with --plan: one GPU's seconds per optimizer step of the model; default: measured by a few steps
+    here when the accelerator is present"""
 
 
 def add_settings_args(

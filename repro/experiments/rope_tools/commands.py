@@ -1,14 +1,13 @@
-"""``repro profile|allocate|transfer|account|analyze``: the RoPE allocation pipeline from the command line.
+"""``repro allocate|transfer|account|analyze``: the RoPE allocation pipeline from the command line.
 
-Every command reads and writes JSON/YAML files; outputs are written atomically. ``allocate``,
-``transfer``, ``account`` and ``analyze`` are typed functions (their parameters are their options,
-``repro.arguments.call``); ``profile`` and its subcommands are parsed by ``command_arguments.py``.
+Every command reads and writes JSON/YAML files; outputs are written atomically. Each is a typed
+function (its parameters are its options, ``repro.arguments.call``); ``repro profile``'s
+subcommands are in ``profile_subcommands.py``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any, Literal
@@ -23,32 +22,12 @@ from repro.alloc.fidelity import coverage_fidelity, format_fidelity
 from repro.alloc.pretrained_accounting import account_pretrained
 from repro.alloc.profile import LayerProfile
 from repro.alloc.transfer import transfer_profile
-from repro.arguments import NonNegativeInt, PositiveInt, flat
+from repro.arguments import NonNegativeInt, PositiveInt
 from repro.files import read_json, write_json_atomic
 from repro.models.config import GPTConfig
-from repro.runs.build import VERBOSE_ENV, quiet_lightning
 from repro.runs.model_config import load_model_config, write_model_config
-from repro.stop import interrupted_line
 
-from .command_arguments import build_parser
-from .profile_command import print_profile, profile_command, runs_dir_of
-
-
-def main(argv: list[str]) -> int:
-    args = flat(build_parser().parse_args(argv), "command", "profile_kind")
-    if args.verbose:
-        os.environ[VERBOSE_ENV] = "1"
-    quiet_lightning()  # one progress line per run instead of Lightning's banners
-    try:
-        profile_command(args)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"repro {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        trains = hasattr(args, "runs_dir") and getattr(args, "out", None) is not None
-        print(interrupted_line(args.command, runs_dir_of(args) if trains else Path(".")), file=sys.stderr)
-        return 130
-    return 0
+from .profile_command import print_profile
 
 
 # ---------------------------------------------------------------------------------------------- handlers

@@ -97,9 +97,7 @@ def profile_command(args) -> None:
         print_profile(profile)
         return
     if args.profile_kind == "phase-off" and args.ckpt_path is None and args.ref_steps is None:
-        raise ValueError(
-            "repro profile phase-off: give --ckpt_path or --ref_steps (or a config with model.pretrained)"
-        )
+        raise ValueError("give --ckpt_path or --ref_steps (or a config with model.pretrained)")
     if args.profile_kind == "coverage" and pretrained_config(args.config) is not None:
         _pretrained_coverage(args)
         return
@@ -250,9 +248,7 @@ def _pretrained_coverage(args) -> None:
 def _allocations(args) -> None:
     """Budgeted coverage allocations of a pretrained model, zero-shot or after a fine-tune of each."""
     if pretrained_config(args.config) is None:
-        raise ValueError(
-            f"repro profile allocations: --config {str(args.config)!r} names no model.pretrained"
-        )
+        raise ValueError(f"--config {str(args.config)!r} names no model.pretrained")
     docs = [read_json(path, "allocation file") for path in args.allocation]
     for path, doc in zip(args.allocation, docs):
         if not isinstance(doc, dict) or "allocations" not in doc or "levels" not in doc:
@@ -353,7 +349,7 @@ def print_profile(profile) -> None:
 
 def _zero_shot_nope(args) -> None:
     if pretrained_config(args.config) is None:
-        raise ValueError(f"repro profile nope: --config {str(args.config)!r} names no model.pretrained")
+        raise ValueError(f"--config {str(args.config)!r} names no model.pretrained")
     profile = LayerProfile.load(args.profile)
     if profile.kind != "phase_off":
         raise ValueError(

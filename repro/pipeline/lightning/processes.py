@@ -137,7 +137,7 @@ class StageProcesses(ParallelStrategy):
     def release_groups(self) -> None:
         """Drop this strategy's references to its process groups (at the rank's exit, after
         ``destroy_process_group``): the last reference gone, a group's threads are joined."""
-        self._groups.clear()  # in place: the stage links hold the same dict
+        self._groups.clear()  # in place: the stage links and the tied sums hold the same dict
 
     def teardown(self) -> None:
         module = self.lightning_module

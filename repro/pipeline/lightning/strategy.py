@@ -198,9 +198,8 @@ class ClappingStrategy(PipelineCheckpoints, PipelineEvaluation, StageProcesses):
 
     def _setup_tied_parameters(self) -> None:
         assert self.local is not None
-        self.tied = TiedGradients(
-            self.local, self.global_rank, self._backend(), self.options.tied, self.options.compression_seed
-        )
+        self.tied = TiedGradients(self.local, self.global_rank, self._backend(), self.options.tied,
+                                  self.options.compression_seed, groups=self._groups)  # fmt: skip
         self.tied.broadcast_from_first()
 
     def _drop_foreign_from_optimizers(self) -> None:
@@ -388,11 +387,6 @@ class ClappingStrategy(PipelineCheckpoints, PipelineEvaluation, StageProcesses):
     def buffer_digests(self) -> dict[str, str]:
         """{'b<boundary>_<direction>_<role>': sha256 of the buffers} of this rank's channel ends."""
         return {f"b{c.boundary}_{d}_{r}": c.digest() for (d, r), c in self.state.codecs.items()}
-
-    def release_groups(self) -> None:
-        super().release_groups()
-        if self.tied is not None:
-            self.tied.groups.clear()
 
     def teardown(self) -> None:
         STOP.restore()
