@@ -177,14 +177,17 @@ class Parser(jsonargparse.ArgumentParser):
                 action.help = docs[action.dest]
 
 
-USAGE_ERRORS = (ValueError, FileNotFoundError, ConnectionError)  # a command's wrong input: one line, exit 2
+# a command's wrong input (and a shard that waited too long for the others): one line, exit status 2
+USAGE_ERRORS = (ValueError, FileNotFoundError, ConnectionError, TimeoutError)
 VERBOSE_ENV = "REPRO_VERBOSE"  # set (to 1) by a command's -v: Lightning's own lines are shown
 
 
 def function_parser(fn: typing.Callable, prog: str, description: str | None = None) -> Parser:
     """The parser of command ``fn``: its parameters (:meth:`Parser.add_function`) and ``-v``."""
     parser = Parser(
-        prog=prog, description=description or (inspect.getdoc(fn) or "").split("\nArgs:")[0].strip()
+        prog=prog,
+        description=description or (inspect.getdoc(fn) or "").split("\nArgs:")[0].strip(),
+        epilog=getattr(fn, "epilog", None),  # e.g. the fields of a settings file
     )
     parser.add_function(fn)
     parser.add_argument("-v", "--verbose", action="store_true", help="show Lightning's own lines too")

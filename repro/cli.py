@@ -48,13 +48,13 @@ COMMANDS = {
         "repro.experiments.rope_tools.commands:analyze",
         "stability, calibration, transfer fidelity of profiles",
     ),
-    "table1": ("repro.experiments.table1.run", "make reproduce-table1: the whole Table 1 pipeline"),
-    "clapping": ("repro.experiments.clapping.run", "make reproduce-clapping: the Clapping grid"),
+    "table1": ("repro.experiments.table1.run:table1", "make reproduce-table1: the whole Table 1 pipeline"),
+    "clapping": ("repro.experiments.clapping.run:clapping", "make reproduce-clapping: the Clapping grid"),
     "mla-plane": (
-        "repro.experiments.mla_plane.run",
+        "repro.experiments.mla_plane.run:mla_plane",
         "a pretrained model converted to MLA at KV budgets: profiled vs MHA2MLA's uniform",
     ),
-    "bench": ("repro.experiments.bench.run", "make bench: speed, communication and memory"),
+    "bench": ("repro.experiments.bench.run:bench", "make bench: speed, communication and memory"),
     "gpu-check": (
         "repro.gpu_check:gpu_check_command",
         "make gpu-check: the one GPU acceptance run (a table)",

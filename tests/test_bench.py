@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from repro.cli import run as repro_run
 from repro.experiments.bench.compressor_bench import analytical_bytes
 from repro.experiments.bench.measure import all_finite, pairwise, row, summary
-from repro.experiments.bench.run import main as bench_main
 from repro.experiments.bench.settings import SECTIONS, load_settings
 from repro.pipeline.compressors import build_compressor
 
@@ -38,7 +38,7 @@ ROW_KEYS = {
 @pytest.fixture(scope="module")
 def quick_report(tmp_path_factory) -> tuple[dict, Path]:
     out = tmp_path_factory.mktemp("bench")
-    assert bench_main(["--preset", "quick", "--out", str(out), "--quiet"]) == 0
+    assert repro_run(["bench", "--preset", "quick", "--out", str(out), "--quiet"]) == 0
     return json.loads((out / "bench.json").read_text()), out
 
 
@@ -209,10 +209,10 @@ def test_bad_bench_settings_fail_early(tmp_path, text, message):
 
 def test_bench_cli_reports_bad_input_without_writing(tmp_path, capsys):
     out = tmp_path / "out"
-    assert bench_main(["--settings", str(tmp_path / "missing.yaml"), "--out", str(out)]) == 2
+    assert repro_run(["bench", "--settings", str(tmp_path / "missing.yaml"), "--out", str(out)]) == 2
     assert "no such file" in capsys.readouterr().err
     with pytest.raises(SystemExit) as usage:  # a section that is not one: refused by the parser, one line
-        bench_main(["--preset", "quick", "--sections", "gpu", "--out", str(out)])
+        repro_run(["bench", "--preset", "quick", "--sections", "gpu", "--out", str(out)])
     lines = capsys.readouterr().err.splitlines()
     assert (
         usage.value.code == 2

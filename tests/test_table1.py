@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from repro.cli import run as repro_run
 from repro.experiments.table1.plan import ROW_METHODS, make_plan
 from repro.experiments.table1.rows import Table1Row
-from repro.experiments.table1.run import main as table1_main
 from repro.experiments.table1.settings import Table1Settings, load_table1_settings
 
 from conftest import EXPERIMENTS, MODELS, REPO_ROOT
@@ -32,7 +32,7 @@ def smoke_table(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.chdir(work)
     try:
-        assert table1_main(["--settings", str(SMOKE), "--out", str(out)]) == 0
+        assert repro_run(["table1", "--settings", str(SMOKE), "--out", str(out)]) == 0
     finally:
         mp.undo()
     doc = json.loads((out / "table1.json").read_text())
@@ -105,7 +105,7 @@ def test_a_second_call_reuses_every_run(smoke_table, monkeypatch):
     monkeypatch.chdir(smoke_table["work"])
     results = sorted(out.rglob("runs/*.json")) + sorted(out.rglob("profile_*/*.json"))
     before = {p: p.stat().st_mtime_ns for p in results}
-    assert table1_main(["--settings", str(SMOKE), "--out", str(out)]) == 0
+    assert repro_run(["table1", "--settings", str(SMOKE), "--out", str(out)]) == 0
     doc = json.loads((out / "table1.json").read_text())
     assert doc["runs_trained"] == 0 and doc["runs_reused"] > 0
     assert {p: p.stat().st_mtime_ns for p in results} == before
@@ -232,7 +232,7 @@ def test_cli_reports_a_missing_config_and_writes_nothing(tmp_path, capsys):
         "scale: smoke\ntarget: {mha: nowhere.yaml, mla: nowhere.yaml}\n"
         "source: {mha: nowhere.yaml, mla: nowhere.yaml}\n",
     )
-    assert table1_main(["--settings", str(path), "--out", str(tmp_path / "out")]) == 2
+    assert repro_run(["table1", "--settings", str(path), "--out", str(tmp_path / "out")]) == 2
     assert "nowhere.yaml" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
@@ -282,7 +282,7 @@ def test_a_gpu_scale_on_a_machine_without_a_gpu_fails_before_any_run(tmp_path, c
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
-    assert table1_main(["--scale", "paper", "--out", str(tmp_path / "out")]) == 2
+    assert repro_run(["table1", "--scale", "paper", "--out", str(tmp_path / "out")]) == 2
     assert "no CUDA GPU" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 

@@ -16,9 +16,8 @@ from typing import Any, Literal
 
 import torch
 
-from repro.arguments import Parser
 from repro.files import table_head, write_report
-from repro.runs.build import VERBOSE_ENV, quiet_lightning
+from repro.runs.build import quiet_lightning
 from repro.runs.provenance import git_commit, machine, now
 
 from .compile_section import bench_compile
@@ -201,36 +200,29 @@ def link_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="repro bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--preset", type=Literal[PRESETS] | None, default=None, help="the shipped settings (default full)"
-    )
-    parser.add_argument("--settings", default=None, help="a settings YAML instead of --preset")
-    parser.add_fields(BenchSettings, "sections", defaults=False)  # run only these
-    parser.add_argument("--out", default="results/bench", help="results directory")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines")
-    parser.add_argument("-v", "--verbose", action="store_true", help="show Lightning's own lines too")
-    args = parser.parse_args(argv)
-    if args.verbose:
-        os.environ[VERBOSE_ENV] = "1"
+def bench(
+    preset: Literal[PRESETS] | None = None,
+    settings: str | None = None,
+    sections: tuple[Literal[SECTIONS], ...] | None = None,
+    out: Path = Path("results/bench"),
+    quiet: bool = False,
+) -> int:
+    """Speed, communication and memory of the suite's parts (make bench).
+
+    Args:
+        preset: the shipped settings (default full)
+        settings: a settings YAML instead of --preset
+        sections: run only these sections (default: the settings')
+        out: results directory
+        quiet: no progress lines
+    """
     quiet_lightning()
-    if args.preset and args.settings:
-        parser.error("give at most one of --preset or --settings")
-    try:
-        settings = load_settings(args.settings or args.preset or "full")
-        if args.sections:
-            settings = dataclasses.replace(settings, sections=tuple(args.sections))
-        report = run_bench(settings, Path(args.out), args.quiet)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"repro bench: error: {exc}", file=sys.stderr)
-        return 2
-    print((Path(args.out) / "bench.md").read_text())
-    print(
-        f"[bench] wrote {Path(args.out) / 'bench.json'} in {report['wall_s'] / 60:.1f} min", file=sys.stderr
-    )
+    if preset and settings:
+        raise ValueError("give at most one of --preset or --settings")
+    chosen = load_settings(settings or preset or "full")
+    if sections:
+        chosen = dataclasses.replace(chosen, sections=tuple(sections))
+    report = run_bench(chosen, out, quiet)
+    print((out / "bench.md").read_text())
+    print(f"[bench] wrote {out / 'bench.json'} in {report['wall_s'] / 60:.1f} min", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

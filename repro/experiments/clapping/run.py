@@ -12,20 +12,19 @@ The table is written last, md, csv and then json.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from dataclasses import asdict, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from repro.arguments import Parser, PositiveInt, fields_help
+from repro.arguments import NonNegativeInt, PositiveFloat, PositiveInt, documented_by, fields_help
 from repro.data.tokenizer import tokenizer_digest
 from repro.experiments.kit.compute_plan import planned_runs, print_plan
 from repro.experiments.kit.data_use import data_lines
 from repro.experiments.kit.links import LinkError, check_links_possible
-from repro.experiments.kit.scale_args import add_scale_args, add_settings_args, parse_experiment_args
+from repro.experiments.kit.scale_args import ScaleOptions, settings_file
 from repro.pipeline.memory import buffer_memory_points
 from repro.runs import Progress, RunResult, check_accelerator, train_all
 from repro.runs.model_config import load_model_config
@@ -35,7 +34,8 @@ from repro.stop import interrupted_line, remember_interrupts, stop_if_interrupte
 
 from .link_times import measure_link_times
 from .plan import ClappingRow, base_spec, clapping_data_use, finetune_data, grid, plan_rows
-from .probe import PROBE_METHODS, probe, probe_markdown
+from .probe import PROBE_METHODS, probe_markdown
+from .probe import probe as noise_probe
 from .quantizer_error import quantizer_error_table
 from .report import build_report, write_report
 from .settings import SCALES, ClappingSettings, load_clapping_settings, settings_path, split_compressor
@@ -196,54 +196,6 @@ def run_clapping(
     return report
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(
-        prog="repro clapping",
-        description=__doc__.split("\n\n")[0],
-        epilog="settings file fields:\n" + fields_help(ClappingSettings),
-    )
-    add_settings_args(parser, "clapping", SCALES)
-    parser.add_fields(ClappingSettings, "seeds", "accelerator", defaults=False)  # overrides of the settings
-    parser.add_argument("--out", default="results/clapping", help="results directory")
-    parser.add_argument(
-        "--cache_dir", default=None, help="tokenizer and token cache (default: the config's data.cache_dir)"
-    )
-    parser.add_argument("--quiet", action="store_true", help="no progress lines")
-    add_scale_args(parser, "one run of the grid (all K stages; the run holds K GPUs)", "the table")
-    parser.add_argument(
-        "--probe",
-        action="store_true",
-        help="train only the fine-tune noise probe: none and --probe_methods, every seed, at each "
-        "--probe_steps; prints the seed noise and the seeds a target difference needs (writes "
-        "<out>/probe.{md,json}; the base model is the table's, reused from <out>)",
-    )
-    parser.add_argument(
-        "--probe_steps", type=PositiveInt, nargs="+", default=None, help="fine-tune lengths of the probe"
-    )
-    parser.add_argument(
-        "--probe_blocks",
-        type=PositiveInt,
-        nargs="+",
-        default=None,
-        help="N (fine-tune training blocks) per --probe_steps value (default: the settings' N scaled with the "
-        "steps, as many epochs as the table's rows)",
-    )
-    parser.add_argument(
-        "--probe_methods",
-        nargs="+",
-        default=list(PROBE_METHODS),
-        help=f"rows compared with none (default {' '.join(PROBE_METHODS)})",
-    )
-    parser.add_argument(
-        "--probe_compressor",
-        default=None,
-        help="the compressor of the probe's rows, C or F/B (default: the fine-tune grid's first)",
-    )
-    parser.add_fields(ClappingSettings, "link_steps", "link_repeats", "bandwidth_mbps", defaults=False)
-    parser.add_argument("-v", "--verbose", action="store_true", help="show Lightning's own lines too")
-    return parser
-
-
 def print_clapping_plan(settings: ClappingSettings, out: Path, step_time: float | None) -> None:
     """The runs (the base, then the grid: K GPUs each), steps, tokens and GPU-hours, without training."""
     pretrained = load_model_config(settings.model).is_pretrained  # the base is the pretrained model itself
@@ -258,54 +210,74 @@ def print_clapping_plan(settings: ClappingSettings, out: Path, step_time: float 
             print(line)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args, path = parse_experiment_args(build_parser(), argv, settings_path)
+@documented_by(ClappingSettings)
+def clapping(
+    scale: Literal[SCALES] | None = None,
+    settings: Path | None = None,
+    seeds: tuple[NonNegativeInt, ...] | None = None,
+    accelerator: Literal["cpu", "gpu"] | None = None,
+    out: Path = Path("results/clapping"),
+    cache_dir: str | None = None,
+    quiet: bool = False,
+    at_scale: ScaleOptions = ScaleOptions(),
+    probe: bool = False,
+    probe_steps: tuple[PositiveInt, ...] | None = None,
+    probe_blocks: tuple[PositiveInt, ...] | None = None,
+    probe_methods: tuple[str, ...] = PROBE_METHODS,
+    probe_compressor: str | None = None,
+    link_steps: NonNegativeInt | None = None,
+    link_repeats: PositiveInt | None = None,
+    bandwidth_mbps: PositiveFloat | None = None,
+) -> int:
+    """Clapping's grid: pipeline-parallel training with compressed activations and gradients
+    between stages (make reproduce-clapping).
+
+    Args:
+        scale: which shipped settings: paper_configs/experiments/clapping/<scale>.yaml (default cpu)
+        settings: a settings YAML instead of a shipped scale (not with --scale)
+        seeds: the settings' seeds instead
+        accelerator: the settings' accelerator instead
+        out: results directory
+        cache_dir: tokenizer and token cache (default: the config's data.cache_dir)
+        quiet: no progress lines
+        probe: train only the fine-tune noise probe: none and --probe_methods, every seed, at each
+            --probe_steps; prints the seed noise and the seeds a target difference needs (writes
+            <out>/probe.{md,json}; the base model is the table's, reused from <out>)
+        probe_steps: fine-tune lengths of the probe (default: the settings' fine-tune steps)
+        probe_blocks: N (fine-tune training blocks) per --probe_steps value (default: the settings' N
+            scaled with the steps, as many epochs as the table's rows)
+        probe_methods: rows compared with none
+        probe_compressor: the compressor of the probe's rows, C or F/B (default: the fine-tune grid's first)
+        link_steps: the settings' link_steps instead
+        link_repeats: the settings' link_repeats instead
+        bandwidth_mbps: the settings' bandwidth_mbps instead
+    """
+    path = settings_file(scale, settings, settings_path)
     try:
-        settings = load_clapping_settings(
-            path,
-            seeds=tuple(args.seeds) if args.seeds else None,
-            accelerator=args.accelerator,
-            link_steps=args.link_steps,
-            link_repeats=args.link_repeats,
-            bandwidth_mbps=args.bandwidth_mbps,
-        )
-        if args.plan:
-            print_clapping_plan(settings, Path(args.out), args.step_time)
+        chosen = load_clapping_settings(
+            path, seeds=tuple(seeds) if seeds else None, accelerator=accelerator, link_steps=link_steps,
+            link_repeats=link_repeats, bandwidth_mbps=bandwidth_mbps,
+        )  # fmt: skip
+        if at_scale.plan:
+            print_clapping_plan(chosen, out, at_scale.step_time)
             return 0
-        if args.probe:
-            steps = args.probe_steps or [settings.finetune.steps]
-            doc = probe(
-                settings,
-                Path(args.out),
-                steps,
-                args.probe_blocks,
-                tuple(args.probe_methods),
-                args.cache_dir,
-                args.quiet,
-                args.probe_compressor,
-            )
+        if probe:
+            doc = noise_probe(chosen, out, list(probe_steps or [chosen.finetune.steps]), probe_blocks,
+                              tuple(probe_methods), cache_dir, quiet, probe_compressor)  # fmt: skip
             print(probe_markdown(doc), end="")
             return 0
-        shard = Shard.parse(args.shard)
         report = run_clapping(
-            settings, Path(args.out), args.cache_dir, args.quiet, shard, args.runs_per_gpu or 1
+            chosen, out, cache_dir, quiet, Shard.parse(at_scale.shard), at_scale.runs_per_gpu or 1
         )
-    except (ValueError, FileNotFoundError, TimeoutError) as exc:
-        print(f"repro clapping: error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
-        print(interrupted_line("clapping", args.out), file=sys.stderr)
+        print(interrupted_line("clapping", out), file=sys.stderr)
         return 130
-    if report is None:
-        return 0
-    print((Path(args.out) / "clapping_table.md").read_text())
-    print(
-        f"[clapping] {report['trained_runs']} runs trained, {report['total_runs'] - report['trained_runs']} reused; "
-        f"{report['wall_s'] / 60:.1f} min",
-        file=sys.stderr,
-    )
+    if report is not None:
+        print((out / "clapping_table.md").read_text())
+        trained, total = report["trained_runs"], report["total_runs"]
+        print(f"[clapping] {trained} runs trained, {total - trained} reused; {report['wall_s'] / 60:.1f} min",
+              file=sys.stderr)  # fmt: skip
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+clapping.epilog = "settings file fields:\n" + fields_help(ClappingSettings)  # type: ignore[attr-defined]

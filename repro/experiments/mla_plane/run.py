@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -32,11 +32,10 @@ from repro.alloc.pretrained_coverage import pretrained_coverage_profile
 from repro.alloc.pretrained_profile import chunk_losses, pretrained_model_and_data
 from repro.alloc.pretrained_rotations import finetune_overrides
 from repro.alloc.profile import LayerProfile
-from repro.arguments import Parser
 from repro.experiments.kit.compute_plan import planned_runs, print_plan
-from repro.experiments.kit.scale_args import add_settings_args, parse_experiment_args
+from repro.experiments.kit.scale_args import settings_file
 from repro.files import read_json, write_json_atomic
-from repro.models.hf_folder import HFModelError, model_folder, read_config
+from repro.models.hf_folder import model_folder, read_config
 from repro.models.hf_rotary import read_pair_order
 from repro.models.mla_conversion import convert_to_mla, full_rank, plan_widths
 from repro.models.mla_llama import head_dim_of
@@ -262,32 +261,27 @@ def run(
     return write_report(plane, rows, zero_shot, finetuned, accounts, profiles, time.perf_counter() - started)
 
 
-def build_parser() -> Parser:
-    parser = Parser(prog="repro mla-plane", description=__doc__.split("\n\n")[0])
-    add_settings_args(parser, "mla_plane", SCALES, default="real")
-    parser.add_argument(
-        "--plan", action="store_true", help="print the fine-tunes' runs, tokens and GPU-hours and exit"
-    )
-    parser.add_argument(
-        "--accelerator", default="cpu", help="--plan: the device a step is measured on (cpu, gpu)"
-    )
-    parser.add_argument(
-        "--step_time", type=float, default=None, help="--plan: one GPU's seconds per fine-tune step"
-    )
-    parser.add_argument("--out", type=Path, default=None, help="the results folder (default: the settings')")
-    parser.add_argument("-v", "--verbose", action="store_true", help="show Lightning's own lines too")
-    return parser
+def mla_plane(
+    scale: Literal[SCALES] | None = None,
+    settings: Path | None = None,
+    plan: bool = False,
+    accelerator: str = "cpu",
+    step_time: float | None = None,
+    out: Path | None = None,
+) -> int:
+    """A pretrained model converted to MLA at KV budgets: profiled widths against MHA2MLA's uniform.
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args, path = parse_experiment_args(parser, argv, settings_path, default="real")
+    Args:
+        scale: which shipped settings: paper_configs/experiments/mla_plane/<scale>.yaml (default real)
+        settings: a settings YAML instead of a shipped scale (not with --scale)
+        plan: print the fine-tunes' runs, tokens and GPU-hours and exit
+        accelerator: --plan: the device a step is measured on (cpu, gpu)
+        step_time: --plan: one GPU's seconds per fine-tune step
+        out: the results folder (default: the settings')
+    """
+    path = settings_file(scale, settings, settings_path, default="real")
     try:
-        settings = load_mla_settings(path, out=None if args.out is None else str(args.out))
-        run(settings, args.plan, args.accelerator, args.step_time)
-    except (ValueError, FileNotFoundError, HFModelError) as exc:
-        print(f"repro mla-plane: error: {exc}", file=sys.stderr)
-        return 2
+        run(load_mla_settings(path, out=None if out is None else str(out)), plan, accelerator, step_time)
     except KeyboardInterrupt:
         print(
             f"repro mla-plane: interrupted; run the same command again to resume from {path}", file=sys.stderr

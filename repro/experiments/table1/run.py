@@ -26,11 +26,11 @@ finish writes the table.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from functools import partial
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -38,8 +38,8 @@ from repro.alloc.analysis import interaction_terms
 from repro.alloc.coverage_profile import pair_benefits_from_results, profile_from_results
 from repro.alloc.phase_off_profile import measure_phase_off_profile
 from repro.alloc.transfer import transfer_profile
-from repro.arguments import Parser, PositiveInt, fields_help
-from repro.experiments.kit.scale_args import add_scale_args, add_settings_args, parse_experiment_args
+from repro.arguments import NonNegativeInt, PositiveInt, documented_by, fields_help
+from repro.experiments.kit.scale_args import ScaleOptions, settings_file
 from repro.runs import Progress, RunResult, check_accelerator, train_all
 from repro.runs.shards import Shard, finished_results, gather
 from repro.stop import interrupted_line, remember_interrupts
@@ -57,7 +57,8 @@ from .plan import (
     sweep_allocations,
     widths_name,
 )
-from .probe import PROBE_ROWS, probe, probe_markdown
+from .probe import PROBE_ROWS, probe_markdown
+from .probe import probe as noise_probe
 from .report import build_table
 from .results import ArchAllocations, ArchOutcome
 from .settings import SCALES, Table1Settings, load_table1_settings, settings_path
@@ -246,90 +247,67 @@ def _by_name(results: dict[str, RunResult], specs) -> dict[str, RunResult]:
     return {s.name: results[s.key] for s in specs}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(
-        prog="repro table1",
-        description=__doc__.split("\n\n")[0],
-        epilog="settings file fields:\n" + fields_help(Table1Settings),
-    )
-    add_settings_args(parser, "table1", SCALES)
-    parser.add_fields(Table1Settings, "seeds", "steps", "workers", "accelerator", defaults=False)  # overrides
-    parser.add_argument(
-        "--out", type=Path, default=Path("results/table1"), help="output folder (default results/table1)"
-    )
-    parser.add_argument(
-        "--cache_dir", default=None, help="tokenizer and token cache (default: the configs' data.cache_dir)"
-    )
-    parser.add_argument("--quiet", action="store_true", help="no progress lines")
-    parser.add_argument(
-        "--float_spread",
-        action="store_true",
-        help="also train the uniform row of every seed under avx2 kernels and with all cores per run, and "
-        "report how far those float-level differences move it (reuses the table's runs)",
-    )
-    add_scale_args(parser, "the first architecture's --step_time_of member", "the table")
-    parser.add_argument(
-        "--step_time_of",
-        default="target",
-        choices=("target", "source"),
-        help="with --step_time: the member it was measured on (at paper scale the source is the 12-layer "
-        "paper_mha that make bench-gpu times); default target",
-    )
-    parser.add_argument(
-        "--stage",
-        default="all",
-        choices=STAGES,
-        help="profiles: stage 1 only (profiles and the reference); rows: stage 2 only (needs stage 1 finished); "
-        "all (default): both (a shard waits for the other shards' stage-1 runs before stage 2)",
-    )
-    parser.add_argument(
-        "--probe",
-        action="store_true",
-        help="train only the noise probe: rows that need no profile, every seed, at each --probe_steps; "
-        "prints the seed noise and the seeds a target difference needs (writes <out>/probe.{md,json})",
-    )
-    parser.add_argument(
-        "--probe_steps", type=PositiveInt, nargs="+", default=None, help="run lengths of the probe"
-    )
-    parser.add_argument(
-        "--probe_rows",
-        nargs="+",
-        default=list(PROBE_ROWS),
-        help=f"rows of the probe (default {' '.join(PROBE_ROWS)})",
-    )
-    parser.add_argument("-v", "--verbose", action="store_true", help="show Lightning's own lines too")
-    return parser
+@documented_by(Table1Settings)
+def table1(
+    scale: Literal[SCALES] | None = None,
+    settings: Path | None = None,
+    seeds: tuple[NonNegativeInt, ...] | None = None,
+    steps: PositiveInt | None = None,
+    workers: PositiveInt | None = None,
+    accelerator: Literal["cpu", "gpu"] | None = None,
+    out: Path = Path("results/table1"),
+    cache_dir: str | None = None,
+    quiet: bool = False,
+    float_spread: bool = False,
+    at_scale: ScaleOptions = ScaleOptions(),
+    step_time_of: Literal["target", "source"] = "target",
+    stage: Literal[STAGES] = "all",
+    probe: bool = False,
+    probe_steps: tuple[PositiveInt, ...] | None = None,
+    probe_rows: tuple[str, ...] = PROBE_ROWS,
+) -> int:
+    """The from-scratch comparison of budget-matched RoPE allocations (make reproduce-table1).
 
-
-def main(argv: list[str] | None = None) -> int:
-    args, path = parse_experiment_args(build_parser(), argv, settings_path)
+    Args:
+        scale: which shipped settings: paper_configs/experiments/table1/<scale>.yaml (default cpu)
+        settings: a settings YAML instead of a shipped scale (not with --scale)
+        seeds: the settings' seeds instead
+        steps: the settings' steps instead
+        workers: the settings' workers instead
+        accelerator: the settings' accelerator instead
+        out: output folder
+        cache_dir: tokenizer and token cache (default: the configs' data.cache_dir)
+        quiet: no progress lines
+        float_spread: also train the uniform row of every seed under avx2 kernels and with all cores per
+            run, and report how far those float-level differences move it (reuses the table's runs)
+        step_time_of: with --step_time: the member it was measured on (at paper scale the source is the
+            12-layer paper_mha that make bench-gpu times)
+        stage: profiles: stage 1 only (profiles and the reference); rows: stage 2 only (needs stage 1
+            finished); all: both (a shard waits for the other shards' stage-1 runs before stage 2)
+        probe: train only the noise probe: rows that need no profile, every seed, at each --probe_steps;
+            prints the seed noise and the seeds a target difference needs (writes <out>/probe.{md,json})
+        probe_steps: run lengths of the probe (default: the settings' steps)
+        probe_rows: rows of the probe
+    """
+    path = settings_file(scale, settings, settings_path)
     try:
-        settings = load_table1_settings(
-            path,
-            seeds=tuple(args.seeds) if args.seeds else None,
-            steps=args.steps,
-            workers=args.workers,
-            accelerator=args.accelerator,
-            runs_per_gpu=args.runs_per_gpu,
-        )
-        if args.plan:
-            print_table1_plan(settings, args.out, args.step_time, args.step_time_of)
-            return 0
-        if args.probe:
-            steps = args.probe_steps or [settings.steps]
-            doc = probe(settings, args.out, steps, tuple(args.probe_rows), args.cache_dir, args.quiet)
+        chosen = load_table1_settings(
+            path, seeds=tuple(seeds) if seeds else None, steps=steps, workers=workers, accelerator=accelerator,
+            runs_per_gpu=at_scale.runs_per_gpu,
+        )  # fmt: skip
+        if at_scale.plan:
+            print_table1_plan(chosen, out, at_scale.step_time, step_time_of)
+        elif probe:
+            doc = noise_probe(
+                chosen, out, list(probe_steps or [chosen.steps]), tuple(probe_rows), cache_dir, quiet
+            )
             print(probe_markdown(doc), end="")
-            return 0
-        shard = Shard.parse(args.shard)
-        run_table1(settings, args.out, args.cache_dir, args.quiet, args.float_spread, shard, args.stage)
-    except (ValueError, FileNotFoundError, TimeoutError) as exc:
-        print(f"repro table1: error: {exc}", file=sys.stderr)
-        return 2
+        else:
+            run_table1(chosen, out, cache_dir, quiet, float_spread, Shard.parse(at_scale.shard), stage)
     except KeyboardInterrupt:
-        print(interrupted_line("table1", args.out), file=sys.stderr)
+        print(interrupted_line("table1", out), file=sys.stderr)
         return 130
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+table1.epilog = "settings file fields:\n" + fields_help(Table1Settings)  # type: ignore[attr-defined]
