@@ -111,34 +111,30 @@ class Parser(jsonargparse.ArgumentParser):
             namespace[key] = plain(value)
         return namespace
 
-    def add_fields(self, cls: type, *names: str, defaults: bool = True, **options: str) -> None:
-        """An option per field of dataclass ``cls``, written once there: ``--field_name`` (or the
-        option ``options`` names for it: ``options={"dtype": "token_dtype"}``), its type (a tuple
-        or list: ``nargs '+'`` of its items), its attribute docstring as help, and its default
-        (``defaults=False``: None, for an override of settings read elsewhere); the parsed value is
-        under the field's name. A bool field is a flag: ``--x`` sets it, or ``--no_x`` clears one
-        whose default is true."""
+    def add_group(self, cls: type) -> None:
+        """An option per field of dataclass ``cls`` (a command's parameter of that type), flat:
+        ``--field_name``, its type (a tuple or list: ``nargs '+'`` of its items), its attribute
+        docstring as help and its default; a bool field is a flag (``--x``, or ``--no_x`` for one
+        whose default is true)."""
         hints, docs = typing.get_type_hints(cls), field_docs(cls)
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        for option, name in [*((n, n) for n in names), *options.items()]:
-            f, hint, kwargs = fields[name], hints[name], {"help": docs[name], "dest": name}
+        for f in (f for f in dataclasses.fields(cls) if f.init):
+            hint, kwargs = hints[f.name], {"help": docs.get(f.name), "dest": f.name}
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            if hint is bool and spelled(f"--{option}").startswith("--no_"):
-                kwargs.update(action="store_false", help=f"turn off (default on): {docs[name]}")
+            option = f"--no_{f.name}" if hint is bool and default is True else f"--{f.name}"
+            if hint is bool and default is True:
+                kwargs.update(action="store_false", help=f"turn off: {kwargs['help']}")
             elif hint is bool:
                 kwargs["action"] = "store_true"
             elif typing.get_origin(hint) in (tuple, list):
                 kwargs.update(type=typing.get_args(hint)[0], nargs="+")
                 default = list(default) if isinstance(default, tuple) else default  # checked in place
             else:
-                kwargs["type"] = hint if defaults else hint | None
-            if default is dataclasses.MISSING and defaults:
+                kwargs["type"] = hint
+            if default is dataclasses.MISSING:
                 kwargs["required"] = True
-            elif defaults or hint is bool:
-                kwargs["default"] = default
             else:
-                kwargs.update(default=None, help=f"{kwargs['help']} (default: the settings')")
-            self.add_argument(f"--{option}", **kwargs)
+                kwargs["default"] = default
+            self.add_argument(option, **kwargs)
 
     def add_function(self, fn: typing.Callable) -> None:
         """An option per parameter of ``fn``, jsonargparse's way (``add_function_arguments``: the
@@ -155,7 +151,7 @@ class Parser(jsonargparse.ArgumentParser):
             listed = typing.get_origin(items) in (list, tuple)
             kind = {"type": typing.get_args(items)[0], "nargs": "+"} if listed else {"type": hint}
             if dataclasses.is_dataclass(hint):  # a group of options: each field's own, flat
-                self.add_fields(hint, *(f.name for f in dataclasses.fields(hint) if f.init))
+                self.add_group(hint)
             elif hint is bool:
                 off = default is True
                 self.add_argument(f"--no_{name}" if off else f"--{name}", dest=name,
