@@ -140,9 +140,10 @@ class Parser(jsonargparse.ArgumentParser):
         """An option per parameter of ``fn``, jsonargparse's way (``add_function_arguments``: the
         types, ranges and choices as annotated, the defaults, each help from the docstring's
         ``Args:``; one without a default is required, a positional-only one is positional), with the
-        two habits of a command line it lacks: a list parameter takes one value or several
-        (``--seeds 0 1``), and a bool parameter is a bare flag (``--plan``; ``--no_<name>`` clears
-        one whose default is true)."""
+        two habits of a command line it lacks: a list parameter (or a list that may be None) takes
+        one value or several (``--seeds 0 1``), and a bool parameter is a bare flag (``--plan``;
+        ``--no_<name>`` clears one whose default is true). A dataclass parameter is a group of
+        options, its fields' (:meth:`add_group`); :func:`call` builds it from them."""
         hints, docs = typing.get_type_hints(fn), param_docs(fn)
         shims = set()  # the parameters added here; jsonargparse adds the rest
         for name, param in inspect.signature(fn).parameters.items():
