@@ -113,59 +113,58 @@ class Parser(jsonargparse.ArgumentParser):
 
     def add_group(self, cls: type) -> None:
         """An option per field of dataclass ``cls`` (a command's parameter of that type), flat:
-        ``--field_name``, its type (a tuple or list: ``nargs '+'`` of its items), its attribute
-        docstring as help and its default; a bool field is a flag (``--x``, or ``--no_x`` for one
-        whose default is true)."""
+        ``--field_name``, its type, its attribute docstring as help and its default, with the habits
+        of :meth:`_add_habit` (a bool field is a flag, a list one takes one value or several)."""
         hints, docs = typing.get_type_hints(cls), field_docs(cls)
         for f in (f for f in dataclasses.fields(cls) if f.init):
-            hint, kwargs = hints[f.name], {"help": docs.get(f.name), "dest": f.name}
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            option = f"--no_{f.name}" if hint is bool and default is True else f"--{f.name}"
-            if hint is bool and default is True:
-                kwargs.update(action="store_false", help=f"turn off: {kwargs['help']}")
-            elif hint is bool:
-                kwargs["action"] = "store_true"
-            elif typing.get_origin(hint) in (tuple, list):
-                kwargs.update(type=typing.get_args(hint)[0], nargs="+")
-                default = list(default) if isinstance(default, tuple) else default  # checked in place
-            else:
-                kwargs["type"] = hint
-            if default is dataclasses.MISSING:
-                kwargs["required"] = True
-            else:
-                kwargs["default"] = default
-            self.add_argument(option, **kwargs)
+            default = inspect.Parameter.empty if default is dataclasses.MISSING else default
+            hint, doc = hints[f.name], docs.get(f.name)
+            if not self._add_habit(f.name, hint, default, doc):
+                given = {"required": True} if default is inspect.Parameter.empty else {"default": default}
+                self.add_argument(f"--{f.name}", dest=f.name, type=hint, help=doc, **given)
+
+    def _add_habit(
+        self, name: str, hint: Any, default: Any, doc: str | None, positional: bool = False
+    ) -> bool:
+        """The habits of a command line that jsonargparse lacks, for option ``name``: a list (or a list
+        that may be None) takes one value or several (``--seeds 0 1``), a bool is a bare flag
+        (``--plan``; ``--no_<name>`` clears one whose default is true), and a positional one is
+        positional. False, and nothing added, where none applies."""
+        items = _optional_of(hint) if default is None else hint  # a list that may be None
+        listed = typing.get_origin(items) in (list, tuple)
+        kind = {"type": typing.get_args(items)[0], "nargs": "+"} if listed else {"type": hint}
+        if hint is bool:
+            off = default is True
+            self.add_argument(f"--no_{name}" if off else f"--{name}", dest=name,
+                              action="store_false" if off else "store_true",
+                              help=f"turn off: {doc}" if off else doc)  # fmt: skip
+        elif positional:
+            self.add_argument(name, help=doc, **kind)
+        elif listed and default is inspect.Parameter.empty:
+            self.add_argument(f"--{name}", dest=name, help=doc, required=True, **kind)
+        elif listed:
+            default = list(default) if isinstance(default, tuple) else default  # checked in place
+            self.add_argument(f"--{name}", dest=name, help=doc, default=default, **kind)
+        else:
+            return False
+        return True
 
     def add_function(self, fn: typing.Callable) -> None:
         """An option per parameter of ``fn``, jsonargparse's way (``add_function_arguments``: the
         types, ranges and choices as annotated, the defaults, each help from the docstring's
         ``Args:``; one without a default is required, a positional-only one is positional), with the
-        two habits of a command line it lacks: a list parameter (or a list that may be None) takes
-        one value or several (``--seeds 0 1``), and a bool parameter is a bare flag (``--plan``;
-        ``--no_<name>`` clears one whose default is true). A dataclass parameter is a group of
+        habits of a command line it lacks (:meth:`_add_habit`). A dataclass parameter is a group of
         options, its fields' (:meth:`add_group`); :func:`call` builds it from them."""
         hints, docs = typing.get_type_hints(fn), param_docs(fn)
         shims = set()  # the parameters added here; jsonargparse adds the rest
         for name, param in inspect.signature(fn).parameters.items():
-            hint, default, doc = hints[name], param.default, docs.get(name)
-            items = _optional_of(hint) if default is None else hint  # a list that may be None
-            listed = typing.get_origin(items) in (list, tuple)
-            kind = {"type": typing.get_args(items)[0], "nargs": "+"} if listed else {"type": hint}
+            hint = hints[name]
             if dataclasses.is_dataclass(hint):  # a group of options: each field's own, flat
                 self.add_group(hint)
-            elif hint is bool:
-                off = default is True
-                self.add_argument(f"--no_{name}" if off else f"--{name}", dest=name,
-                                  action="store_false" if off else "store_true",
-                                  help=f"turn off: {doc}" if off else doc)  # fmt: skip
-            elif param.kind is param.POSITIONAL_ONLY:
-                self.add_argument(name, help=doc, **kind)
-            elif listed and default is inspect.Parameter.empty:
-                self.add_argument(f"--{name}", dest=name, help=doc, required=True, **kind)
-            elif listed:
-                default = list(default) if isinstance(default, tuple) else default
-                self.add_argument(f"--{name}", dest=name, help=doc, default=default, **kind)
-            else:
+            elif not self._add_habit(
+                name, hint, param.default, docs.get(name), param.kind is param.POSITIONAL_ONLY
+            ):
                 continue
             shims.add(name)
         self.add_function_arguments(fn, skip=shims)
@@ -238,7 +237,8 @@ def param_docs(fn: typing.Callable) -> dict[str, str]:
         docs.update(field_docs(cls))
     parsed = docstring_parser.parse(inspect.getdoc(fn) or "")
     docs.update({p.arg_name: " ".join((p.description or "").split()) for p in parsed.params})
-    return {name: doc for name, doc in docs.items() if name in inspect.signature(fn).parameters}
+    parameters = inspect.signature(fn).parameters
+    return {name: doc for name, doc in docs.items() if name in parameters}
 
 
 @functools.cache

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import sys
 import weakref
@@ -115,7 +116,7 @@ class StageProcesses(ParallelStrategy):
         try:
             if not dist.is_initialized():
                 compat.init_process_group(self.cluster_environment, backend, **kwargs)
-                atexit.register(_release_process_groups)
+            _release_at_exit()  # whoever made the default group: this strategy's groups are its own
             _HOLDERS.add(self)
             # one group per direction (ordering on NCCL), and a gloo group for Python objects; with
             # placement 'v' the wrap-around boundary (last stage -> stage 0) has its own two: gloo
@@ -188,6 +189,12 @@ class StageProcesses(ParallelStrategy):
 
 
 _HOLDERS: weakref.WeakSet[StageProcesses] = weakref.WeakSet()  # the strategies that made groups here
+
+
+@functools.cache
+def _release_at_exit() -> None:
+    """Register :func:`_release_process_groups` at exit, once per process."""
+    atexit.register(_release_process_groups)
 
 
 def _release_process_groups() -> None:
