@@ -257,7 +257,7 @@ def test_shards_made_elsewhere_train_given_their_vocabulary(tmp_path):
         corpus="shards", shard_dir=str(tmp_path), vocab_size=50257, block_size=64, batch_size=4
     )
     dm.setup()
-    assert dm.vocab_size == 50257 and len(dm.train_set) == (8000 - 1) // 64
+    assert dm.model_vocab_size == 50257 and len(dm.train_set) == (8000 - 1) // 64
     joined = np.concatenate(
         [open_shard(tmp_path / "fineweb_train_000001.bin"), open_shard(tmp_path / "fineweb_train_000002.bin")]
     )
@@ -328,7 +328,7 @@ def test_a_hub_source_without_the_network_and_row_files_as_text_files_are_one_li
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and "cannot stream it from the Hugging Face Hub" in err[0]
     assert not (tmp_path / "o").exists()
-    from repro.data.corpus import expand_text_files
+    from repro.data.small_corpus import expand_text_files
 
     _jsonl(tmp_path / "rows.jsonl", ["a b c"])
     with pytest.raises(

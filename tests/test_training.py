@@ -52,10 +52,10 @@ def held_out_loss(module: GPTLightningModule, batch: dict) -> float:
 @pytest.mark.parametrize("attention", ["mha", "mla"])
 def test_a_few_optimizer_steps_lower_the_loss(smoke_datamodule, tmp_path, attention):
     L.seed_everything(0)
-    module = smoke_module(smoke_datamodule.vocab_size, attention)
+    module = smoke_module(smoke_datamodule.model_vocab_size, attention)
     batch = next(iter(smoke_datamodule.val_dataloader()))
     before = held_out_loss(module, batch)
-    assert abs(before - math.log(smoke_datamodule.vocab_size)) < 0.3  # an untrained model is near uniform
+    assert abs(before - math.log(smoke_datamodule.model_vocab_size)) < 0.3  # an untrained model is near uniform
     trainer = quiet_trainer(tmp_path, max_steps=40)
     trainer.fit(module, datamodule=smoke_datamodule)
     after = held_out_loss(module, batch)
@@ -93,7 +93,7 @@ def test_a_fused_optimizer_under_bf16_mixed_clips_the_gradient(smoke_datamodule,
     under bf16-mixed, with nothing scaled, the module clips: the one SGD step moves the weights by
     lr x the clipped norm. (On a GPU every gpu-scale run failed here: fused AdamW is the default.)"""
     L.seed_everything(0)
-    module = smoke_module(smoke_datamodule.vocab_size)
+    module = smoke_module(smoke_datamodule.model_vocab_size)
     module.optim_config = OptimConfig(
         name="sgd", lr=1.0, momentum=0.0, weight_decay=0.0, warmup_steps=0, schedule="constant", fused=True
     )

@@ -232,7 +232,7 @@ def coverage_benefit_profile(
     if results is None:
         return None
     profile = profile_from_results(
-        config, levels, settings, {s.name: results[s.key] for s in specs}, folder, datamodule.vocab_size
+        config, levels, settings, {s.name: results[s.key] for s in specs}, folder, datamodule.model_vocab_size
     )
     profile.meta["workers"] = workers
     return profile

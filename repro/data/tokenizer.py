@@ -194,24 +194,6 @@ def tokenizer_from_text(
     return FileTokenizer(tok, eos_id)
 
 
-def load_or_train_tokenizer(
-    kind: str, vocab_size: int, train_texts: list[str], corpus_fingerprint: str, cache_dir: Path
-) -> tuple[TextTokenizer, Path]:
-    """The tokenizer for these training texts, from ``cache_dir`` when it was trained before."""
-    if kind == "bpe":
-        check_bpe_vocab_size(vocab_size)
-        path = cache_dir / "tokenizers" / f"bpe-{vocab_size}-{corpus_fingerprint}.json"
-    elif kind == "char":
-        path = cache_dir / "tokenizers" / f"char-{corpus_fingerprint}.json"
-    else:
-        raise ValueError(f"data.tokenizer={kind!r}: allowed values are {TOKENIZER_KINDS}")
-    if path.exists():
-        return load_tokenizer_file(path), path
-    tok = train_tokenizer(kind, vocab_size, train_texts)
-    tok.save(path)
-    return tok, path
-
-
 def check_bpe_vocab_size(vocab_size: int) -> None:
     if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 257:
         raise ValueError(

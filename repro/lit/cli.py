@@ -111,7 +111,7 @@ class ReproCLI(LightningCLI):
             parser.link_arguments("model.pretrained", "data.tokenizer_file", compute_fn=_model_folder)
             return
         parser.link_arguments("data.block_size", "model.gpt.block_size")
-        parser.link_arguments("data.vocab_size", "model.gpt.vocab_size", apply_on="instantiate")
+        parser.link_arguments("data.model_vocab_size", "model.gpt.vocab_size", apply_on="instantiate")
 
     @property
     def pretrained(self) -> bool:
@@ -204,9 +204,9 @@ class ReproCLI(LightningCLI):
         """The trainer; ``repro fit`` always has a ``FinalCheckpoint`` (the checkpoint a stop signal
         writes, and the final one), whether or not the config lists it. A pretrained model's
         embedding must hold the data's vocabulary (checked here, before the trainer is built)."""
-        if self.pretrained and self.datamodule.vocab_size > self.model.model.vocab_size:
+        if self.pretrained and self.datamodule.model_vocab_size > self.model.model.vocab_size:
             raise ConfigError(
-                f"data: the tokenizer has {self.datamodule.vocab_size:,} ids but the model's embedding holds "
+                f"data: the tokenizer has {self.datamodule.model_vocab_size:,} ids but the model's embedding holds "
                 f"{self.model.model.vocab_size:,}; tokenize with the model's own tokenizer"
             )
         trainer = super().instantiate_trainer(**{**self._default_trainer_kwargs(), **kwargs})

@@ -105,7 +105,7 @@ def run_clapping(
         dm = config.datamodule(**{k.removeprefix("data."): v for k, v in data.items()}, **cache)
         dm.setup()
         sizes[regime] = len(dm.train_set)
-        tokenizers[regime] = tokenizer_digest(dm.tokenizer)
+        tokenizers[regime] = tokenizer_digest(dm.text_tokenizer)
         if dm.batch_size % settings.micro_batches:
             raise ValueError(
                 f"clapping settings: micro_batches={settings.micro_batches} does not divide the model "
@@ -115,7 +115,7 @@ def run_clapping(
             finetune_batch = next(iter(dm.train_dataloader()))
     if settings.finetune_data and "finetune" in settings.regimes and not config.is_pretrained:
         base_dm = config.datamodule(**cache)
-        if tokenizer_digest(base_dm.tokenizer) != tokenizers["finetune"]:
+        if tokenizer_digest(base_dm.text_tokenizer) != tokenizers["finetune"]:
             raise ValueError(
                 f"clapping settings: finetune_data={settings.finetune_data!r} was prepared with another tokenizer "
                 f"than the base's data; prepare it with --tokenizer <the base's prepared folder>/tokenizer.json"

@@ -91,7 +91,7 @@ def run_table1(
     for plan in plans:  # the tokenizer and token caches, once, before any worker starts
         dm = plan.target.datamodule(**({"cache_dir": cache_dir} if cache_dir else {}))
         dm.setup("fit")
-        vocab[plan.arch] = dm.vocab_size
+        vocab[plan.arch] = dm.model_vocab_size
 
     stage1 = [spec for plan in plans for spec in stage1_specs(plan, settings)]
     mine1 = shard.select(stage1) if shard else stage1
