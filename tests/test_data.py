@@ -166,3 +166,39 @@ def test_repro_test_evaluates_the_test_split_not_the_validation_one(smoke_datamo
     assert not torch.equal(
         next(iter(dm.test_dataloader()))["input_ids"], next(iter(dm.val_dataloader()))["input_ids"]
     )
+
+
+def test_a_fine_tuning_subset_is_what_repro_data_prepare_writes_and_its_tokenizer_never_saw_it(
+    corpus, tmp_path
+):
+    from repro.cli import main as repro_main
+
+    held_back = ["doc1.txt", "doc4.txt"]
+    common = dict(corpus="text_files", text_files=[str(corpus / "*.txt")], val_documents=["doc0.txt"])
+    dms = {
+        subset: TextDataModule(
+            **common,
+            finetune_documents=held_back,
+            train_subset=subset,
+            block_size=16,
+            batch_size=2,
+            cache_dir=str(tmp_path / "cache"),
+        )  # fmt: skip
+        for subset in ("pretrain", "finetune")
+    }
+    others = [str(f) for f in sorted(corpus.glob("*.txt")) if f.name not in held_back]
+    without = TextDataModule(
+        **{**common, "text_files": others}, block_size=16, cache_dir=str(tmp_path / "cache")
+    )
+    for dm in dms.values():  # the tokenizer learnt the corpus as if the held-back documents were not there
+        assert dm.text_tokenizer.to_bytes() == without.text_tokenizer.to_bytes()
+    assert dms["finetune"].manifest.splits["train"].documents == 2
+    assert dms["pretrain"].manifest.splits["train"].documents == 12 - 1 - 2
+    with pytest.raises(SystemExit) as done:
+        repro_main(["data", "prepare", str(corpus / "*.txt"), "--out", str(tmp_path / "p"), "--vocab_size", "2048",
+                    "--val_documents", "doc0.txt", "--finetune_documents", *held_back, "--train_subset", "finetune",
+                    "--no_progress"])  # fmt: skip
+    assert done.value.code in (0, None)
+    theirs = TextDataModule(corpus="prepared", prepared_dir=str(tmp_path / "p"), block_size=16, batch_size=2)
+    for split in ("train", "validation", "test"):
+        assert np.array_equal(theirs.token_stream(split), dms["finetune"].token_stream(split))

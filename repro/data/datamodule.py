@@ -4,9 +4,9 @@ Every corpus is read from shards:
   - ``prepared``: a folder written by ``repro data prepare`` (any size; memory-mapped);
   - ``shards``: llm.c shards made elsewhere (e.g. modded-nanogpt's FineWeb GPT-2 shards), given
     a folder, file patterns per split and the vocabulary size;
-  - ``shakespeare`` / ``text_files`` / ``hf_dataset``: small corpora that are split, tokenized and
-    written into the cache as a prepared folder on first use (seconds for the plays), then read
-    like any other.
+  - ``shakespeare`` / ``text_files`` / ``hf_dataset``: small corpora, prepared on first use by
+    ``repro data prepare``'s own code into the cache (``repro.data.small_corpus``; seconds for the
+    plays), then read like any other.
 A batch is a dict with ``input_ids`` (B, T), ``targets`` (B, T) and ``sample_id`` (B,).
 """
 
