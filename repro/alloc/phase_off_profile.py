@@ -66,7 +66,9 @@ def measure_phase_off_profile(
     datamodule = config.datamodule(**({"cache_dir": cache_dir} if cache_dir else {}))
     datamodule.setup("validate")
     # the reference keeps its own widths (all high by the spec); every other field must match the config
-    model, _ = load_checked_model(checkpoint, config.gpt_config(datamodule.model_vocab_size), ignore=WIDTH_FIELDS)
+    model, _ = load_checked_model(
+        checkpoint, config.gpt_config(datamodule.model_vocab_size), ignore=WIDTH_FIELDS
+    )
     batches = [{k: v.to(device) for k, v in b.items()} for b in datamodule.val_dataloader()]  # moved once
     measured = phase_off_values(model.to(device), batches, per_head)
     return LayerProfile(

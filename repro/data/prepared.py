@@ -260,9 +260,6 @@ class PreparedCorpus:
         record = self.manifest.splits.get(split)
         return record.tokens if record else 0
 
-    def has(self, split: str) -> bool:
-        return self.tokens(split) > 0
-
     def shards(self, split: str) -> list[np.ndarray]:
         """The split's shards, memory-mapped, in order."""
         record = self.manifest.splits.get(split)

@@ -24,7 +24,6 @@ HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
 # (magic, version) of each token dtype, as llm.c writes them
 KINDS = {np.dtype(np.uint16): (20240520, 1), np.dtype(np.uint32): (20240801, 7)}
-MAX_TOKENS = 2**31 - 1  # header[2] is an int32
 
 
 class ShardError(ValueError):
@@ -38,22 +37,6 @@ def dtype_for_vocab(vocab_size: int) -> np.dtype:
     if vocab_size > 2**32:
         raise ValueError(f"vocab_size={vocab_size}: larger than a uint32 shard can hold")
     return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
-
-
-def encode_shard(tokens: np.ndarray, dtype: np.dtype) -> bytes:
-    """The bytes of a shard holding ``tokens`` as ``dtype`` (every id must fit it)."""
-    dtype = np.dtype(dtype)
-    if dtype not in KINDS:
-        raise ValueError(f"token dtype {dtype}: shards hold uint16 or uint32")
-    tokens = np.asarray(tokens)
-    if len(tokens) > MAX_TOKENS:
-        raise ValueError(f"{len(tokens):,} tokens: a shard holds fewer than 2**31")
-    if len(tokens) and (int(tokens.min()) < 0 or int(tokens.max()) > np.iinfo(dtype).max):
-        raise ValueError(
-            f"token ids up to {int(tokens.max())} do not fit a {dtype} shard (ids 0..{np.iinfo(dtype).max}); "
-            f"a vocabulary over 65,536 needs uint32 shards"
-        )
-    return shard_header(len(tokens), dtype) + tokens.astype(dtype.newbyteorder("<"), copy=False).tobytes()
 
 
 def shard_header(num_tokens: int, dtype: np.dtype) -> bytes:

@@ -63,14 +63,6 @@ def unrotate_pairs(attn: nn.Module, off: torch.Tensor, cos: torch.Tensor, sin: t
     return [q_at.register_forward_hook(unrotate(dims_q)), k_at.register_forward_hook(unrotate(dims_kv))]
 
 
-def unrotate_heads(attn: nn.Module, kv_heads: tuple[int, ...], cos: torch.Tensor, sin: torch.Tensor) -> list:
-    """``unrotate_pairs`` for whole key/value heads (every pair of ``kv_heads`` without phase)."""
-    n_kv, half = attn.config.num_key_value_heads, attn.head_dim // 2
-    off = torch.zeros(n_kv, half, dtype=torch.bool)
-    off[list(kv_heads)] = True
-    return unrotate_pairs(attn, off, cos, sin)
-
-
 def read_pair_order(order, n_layer: int, kv_heads: int, half: int) -> list[list[list[int]]]:
     """A pair order: a file written by ``repro profile pair-order`` (or its ``order`` list): per
     layer, per key/value head, the ``half`` pair indices, most important first. Checked against the
