@@ -55,7 +55,8 @@ def test_a_few_optimizer_steps_lower_the_loss(smoke_datamodule, tmp_path, attent
     module = smoke_module(smoke_datamodule.model_vocab_size, attention)
     batch = next(iter(smoke_datamodule.val_dataloader()))
     before = held_out_loss(module, batch)
-    assert abs(before - math.log(smoke_datamodule.model_vocab_size)) < 0.3  # an untrained model is near uniform
+    # an untrained model is near uniform
+    assert abs(before - math.log(smoke_datamodule.model_vocab_size)) < 0.3
     trainer = quiet_trainer(tmp_path, max_steps=40)
     trainer.fit(module, datamodule=smoke_datamodule)
     after = held_out_loss(module, batch)
