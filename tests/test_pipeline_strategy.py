@@ -451,9 +451,9 @@ def test_the_strategy_pages_complete_example_trains_under_the_strategy_on_two_pr
     page = (REPO_ROOT / "docs" / "strategy.md").read_text()
     (block,) = re.findall(r"```python\n(# my_pipeline\.py.*?)```", page, flags=re.S)
     threads_at_exit = (  # registered first in every process (ranks import the script), so it runs last
-        "import atexit, os, sys\n"
-        "atexit.register(lambda: print('threads at exit:', [open(f'/proc/self/task/{t}/comm').read().strip()"
-        " for t in os.listdir('/proc/self/task')], file=sys.stderr))\n"
+        "import atexit, os\n"  # one write a line: the three processes' lines do not interleave
+        "atexit.register(lambda: os.write(2, ('threads at exit: ' + repr([open(f'/proc/self/task/{t}/comm')"
+        ".read().strip() for t in os.listdir('/proc/self/task')]) + '\\n').encode()))\n"
     )
     (tmp_path / "my_pipeline.py").write_text(threads_at_exit + block)
     done = subprocess.run(
