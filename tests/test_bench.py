@@ -77,6 +77,7 @@ def test_the_data_section_compares_prepare_loader_and_memory_with_their_referenc
     (memory,) = [r for r in report["rows"] if r["section"] == "data" and r["unit"] == "bytes"]
     assert memory["goal_kind"] == "max" and memory["ratio"] == pytest.approx(memory["median"] / 2**30)
     assert memory["corpus_bytes"] >= 4e6 and memory["tokens"] > 0
+    assert 0 < memory["median"] <= memory["peak_rss_sum"]  # shared pages counted once, not per process
 
 
 def test_quick_bench_measures_what_it_claims(quick_report):
