@@ -126,6 +126,7 @@ class TextDataModule(L.LightningDataModule):
         self.save_hyperparameters({f.name: getattr(self, f.name) for f in fields(self)})
         self._tokenizer: TextTokenizer | None = None
         self._corpus: PreparedCorpus | None = None
+        self._small_folder: Path | None = None  # a small corpus's prepared folder, once found
         self._shards: dict[str, list[np.ndarray]] = {}
 
     @property
@@ -140,7 +141,13 @@ class TextDataModule(L.LightningDataModule):
     def prepare_data(self) -> None:
         """Write a small corpus's shards into the cache (Lightning calls this on one process)."""
         if self.corpus in SMALL_CORPORA:
-            small_corpus_folder(vars(self))
+            self._small_corpus()
+
+    def _small_corpus(self) -> Path:
+        """The small corpus's prepared folder (its key, a tokenizer file's digest included, found once)."""
+        if self._small_folder is None:
+            self._small_folder = small_corpus_folder(vars(self))
+        return self._small_folder
 
     def _open(self) -> None:
         if self._shards:
@@ -151,9 +158,7 @@ class TextDataModule(L.LightningDataModule):
         if self.corpus == "prepared":
             self._corpus = PreparedCorpus(self.prepared_dir, self.verify, what="data.prepared_dir")
         else:
-            self._corpus = PreparedCorpus(
-                small_corpus_folder(vars(self)), self.verify, what="the cached corpus"
-            )
+            self._corpus = PreparedCorpus(self._small_corpus(), self.verify, what="the cached corpus")
         if self._tokenizer is None:  # the manifest's end-of-document id, whichever file is read
             self._tokenizer = self._corpus.tokenizer(self.tokenizer_file, self.eos_token)
         self._shards = {name: self._corpus.shards(name) for name in ("train", "validation", "test")}
